@@ -1,0 +1,37 @@
+"""Engine configuration and the facts about the loaded model that callers need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineConfig:
+    """Knobs of the engine; the CLI flags of ``genserve serve`` map onto these 1:1."""
+
+    model: str = "default"  # HF directory, .gguf file, or "default" (embedded SmolLM2)
+    max_model_len: int | None = None  # None = min(model's max positions, 4096)
+    max_num_seqs: int = 64  # sequences running in one step
+    max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
+    kv_cache_memory: int = 1 << 30  # bytes for the KV cache
+    block_size: int = 16  # tokens per KV block
+    dtype: str = "auto"  # auto = fp32 on CPU, bf16 on CUDA
+    device: str = "auto"  # auto = cuda if available else cpu
+    max_waiting: int = 1024  # waiting-queue bound; beyond it generate() raises QueueFullError
+    max_top_logprobs: int = 20
+
+
+@dataclass
+class ModelInfo:
+    model_id: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int] = field(default_factory=list)
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound; the caller should retry later."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped; no request can be served."""

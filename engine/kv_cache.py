@@ -1,0 +1,65 @@
+"""Paged KV cache: fixed-size blocks of token slots, handed out by a free-list allocator.
+
+Memory is bounded by ``kv_cache_memory``; a sequence holds ``ceil(tokens / block_size)``
+blocks. When the allocator runs dry the scheduler preempts a sequence (recompute later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * elem
+
+
+class BlockAllocator:
+    """Free list of block ids. O(1) allocate/free; never hands out a block twice."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` blocks, or None (and nothing taken) when fewer are free."""
+        if n > len(self._free):
+            return None
+        taken = self._free[len(self._free) - n:]
+        del self._free[len(self._free) - n:]
+        return taken
+
+    def free(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+        blocks.clear()
+
+
+class KVCache:
+    """Per-layer key and value tensors ``[num_blocks, block_size, kv_heads, head_dim]``."""
+
+    def __init__(self, spec: KVCacheSpec, num_blocks: int, device: torch.device) -> None:
+        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.spec = spec
+        self.key = [torch.zeros(shape, dtype=spec.dtype, device=device)
+                    for _ in range(spec.num_layers)]
+        self.value = [torch.zeros(shape, dtype=spec.dtype, device=device)
+                      for _ in range(spec.num_layers)]

@@ -1,0 +1,79 @@
+"""What the engine hands back: per-step deltas for each sequence of a request."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    STOP_SEQUENCE = "stop_sequence"
+    STOP_TOKEN = "stop_token"
+    TIME_LIMIT = "time_limit"
+    ABORTED = "aborted"
+    ERROR = "error"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class CompletionDelta:
+    """New output of one sequence since the previous ``RequestOutput``.
+
+    ``text`` is only text that can no longer be retracted (a possible stop-sequence
+    prefix is held back until resolved). ``finish_reason`` is set once, on the last delta.
+    """
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    deltas: list[CompletionDelta]
+    finished: bool
+    usage: Usage
+
+
+@dataclass
+class Completion:
+    """A whole sequence's output, accumulated from its deltas."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
+    error: str | None = None
+
+    def add(self, delta: CompletionDelta) -> None:
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_sequence = delta.stop_sequence
+            self.error = delta.error

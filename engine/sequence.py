@@ -1,0 +1,85 @@
+"""Requests and their sequences: the engine's bookkeeping of what is generated where."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.outputs import CompletionDelta, FinishReason, Usage
+from engine.sampling_params import SamplingParams
+from engine.stop_checker import OutputState
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One of a request's ``n`` samples: its tokens, KV blocks and per-sequence state.
+
+    ``processors`` are this sequence's own products of the params' factories (plus the
+    shared stateless processors), in the params' order; ``owned`` pairs each product with
+    the factory it must be released to.
+    """
+
+    seq_id: int
+    request: Request
+    index: int
+    prompt_token_ids: list[int]
+    output: OutputState
+    processors: list[Any] = field(default_factory=list)
+    owned: list[tuple[Any, Any]] = field(default_factory=list)
+    generator: torch.Generator | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: FinishReason | None = None
+    pending: CompletionDelta | None = None  # output produced since the last RequestOutput
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_at(self, i: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def delta(self) -> CompletionDelta:
+        if self.pending is None:
+            self.pending = CompletionDelta(index=self.index)
+        return self.pending
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # monotonic time of the time limit
+    sequences: list[Sequence] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences)

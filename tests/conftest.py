@@ -1,0 +1,59 @@
+"""Shared fixtures: the default model's tokenizer, and tiny random models built from it.
+
+Unit tests run on a tiny randomly initialised Llama with the real tokenizer (a few layers,
+seconds to build); only tests/e2e load the real default model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """The default model's tokenizer, converted from GGUF once per session."""
+    from engine.model_loader import load_tokenizer, resolve_model
+
+    d = tmp_path_factory.mktemp("tokenizer")
+    load_tokenizer(resolve_model("default")).save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+def build_tiny_model(directory: Path, tokenizer_dir: Path, *, num_layers: int = 2,
+                     hidden: int = 64, seed: int = 0) -> Path:
+    """Save a tiny random Llama (real tokenizer, same vocab) to ``directory``."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
+        tie_word_embeddings=False, initializer_range=0.2,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    # Large init: varied greedy outputs with top-2 margins far above float noise.
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), tokenizer_dir)

@@ -1,0 +1,188 @@
+"""The engine on a tiny random model: greedy parity with HF, batching, preemption, aborts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.config import EngineConfig, QueueFullError
+from engine.llm_engine import LLMEngine
+from engine.outputs import Completion, FinishReason
+from engine.sampling_params import SamplingParams
+
+PROMPTS = [
+    "Hello, my name is",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away, there lived a",
+    "1, 2, 3, 4,",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "Q: What is the boiling point of water?\nA:",
+    "A long prompt " * 20,
+]
+MAX_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer):
+    return [tokenizer(p)["input_ids"] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(hf_model, prompt_ids):
+    outs = []
+    with torch.inference_mode():
+        for ids in prompt_ids:
+            gen = hf_model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW,
+                                    do_sample=False, min_new_tokens=MAX_NEW)
+            outs.append(gen[0, len(ids):].tolist())
+    return outs
+
+
+def make_engine(model_dir, **kw) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model_dir), **kw))
+
+
+def run_to_completion(engine: LLMEngine, arrivals: dict[int, list[tuple[str, list[int],
+                      SamplingParams]]]) -> dict[str, list[Completion]]:
+    """Add requests at the given step numbers, step until all finish."""
+    results: dict[str, list[Completion]] = {}
+    step = 0
+    while step <= max(arrivals) or engine.has_work:
+        for rid, ids, params in arrivals.get(step, []):
+            engine.add_request(rid, ids, params)
+            results[rid] = [Completion(i) for i in range(params.n)]
+        for out in engine.step():
+            for d in out.deltas:
+                results[out.request_id][d.index].add(d)
+        step += 1
+        assert step < 10_000
+    return results
+
+
+def greedy(n: int = MAX_NEW) -> SamplingParams:
+    # min_new_tokens = max keeps EOS from ending a random model early, as HF does above.
+    return SamplingParams(max_new_tokens=n, min_new_tokens=n)
+
+
+def test_greedy_matches_hf_generate_one_request_at_a_time(tiny_model_dir, prompt_ids,
+                                                          hf_outputs):
+    engine = make_engine(tiny_model_dir)
+    for i, ids in enumerate(prompt_ids):
+        res = run_to_completion(engine, {0: [(f"r{i}", ids, greedy())]})
+        assert res[f"r{i}"][0].token_ids == hf_outputs[i], f"prompt {i}"
+        assert res[f"r{i}"][0].finish_reason is FinishReason.LENGTH
+
+
+def test_greedy_matches_hf_when_requests_arrive_at_different_steps(tiny_model_dir, prompt_ids,
+                                                                   hf_outputs):
+    engine = make_engine(tiny_model_dir)
+    arrivals = {3 * i: [(f"r{i}", ids, greedy())] for i, ids in enumerate(prompt_ids)}
+    res = run_to_completion(engine, arrivals)
+    for i in range(len(prompt_ids)):
+        assert res[f"r{i}"][0].token_ids == hf_outputs[i], f"prompt {i}"
+
+
+def test_chunked_prefill_with_a_small_token_budget_keeps_greedy_output(
+        tiny_model_dir, prompt_ids, hf_outputs):
+    engine = make_engine(tiny_model_dir, max_num_batched_tokens=7)
+    res = run_to_completion(engine, {0: [(f"r{i}", ids, greedy())
+                                         for i, ids in enumerate(prompt_ids)]})
+    for i in range(len(prompt_ids)):
+        assert res[f"r{i}"][0].token_ids == hf_outputs[i], f"prompt {i}"
+
+
+def test_preemption_by_recompute_keeps_greedy_output(tiny_model_dir, prompt_ids, hf_outputs):
+    # Room for ~2 sequences at a time: the scheduler must preempt and recompute.
+    spec_bytes = 2 * 2 * 4 * 2 * 16 * 4  # 2 (k,v) * layers * block * kv_heads * head_dim * 4B
+    engine = make_engine(tiny_model_dir, block_size=4, kv_cache_memory=spec_bytes * 40)
+    res = run_to_completion(engine, {0: [(f"r{i}", ids, greedy())
+                                         for i, ids in enumerate(prompt_ids)]})
+    assert engine.scheduler.num_preemptions > 0
+    for i in range(len(prompt_ids)):
+        assert res[f"r{i}"][0].token_ids == hf_outputs[i], f"prompt {i}"
+    assert engine.runner.allocator.num_used == 0
+
+
+def test_seeded_sampling_is_reproducible_regardless_of_batch_mates(tiny_model_dir,
+                                                                   prompt_ids):
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_new_tokens=12, n=2)
+    engine = make_engine(tiny_model_dir)
+    alone = run_to_completion(engine, {0: [("a", prompt_ids[0], params)]})["a"]
+    crowd = {0: [(f"x{i}", ids, SamplingParams(temperature=1.0, max_new_tokens=15))
+                 for i, ids in enumerate(prompt_ids)]}
+    crowd[2] = [("a", prompt_ids[0], params)]
+    together = run_to_completion(engine, crowd)["a"]
+    assert [c.token_ids for c in alone] == [c.token_ids for c in together]
+    assert alone[0].token_ids != alone[1].token_ids  # n children differ
+
+
+def test_abort_frees_kv_blocks_and_reports_aborted(tiny_model_dir, prompt_ids):
+    engine = make_engine(tiny_model_dir)
+    engine.add_request("a", prompt_ids[3], SamplingParams(max_new_tokens=50, n=3))
+    engine.step()
+    engine.step()
+    assert engine.runner.allocator.num_used > 0
+    engine.abort("a")
+    outs = engine.step()
+    assert engine.runner.allocator.num_used == 0
+    assert outs[0].finished
+    assert {d.finish_reason for d in outs[0].deltas} == {FinishReason.ABORTED}
+    assert not engine.has_work
+
+
+def test_time_limit_finishes_with_time_limit(tiny_model_dir, prompt_ids):
+    engine = make_engine(tiny_model_dir)
+    params = SamplingParams(max_new_tokens=500, min_new_tokens=500, time_limit_s=0.05)
+    res = run_to_completion(engine, {0: [("t", prompt_ids[0], params)]})
+    assert res["t"][0].finish_reason is FinishReason.TIME_LIMIT
+    assert len(res["t"][0].token_ids) < 500
+
+
+def test_stop_sequence_and_max_tokens_are_reported(tiny_model_dir, prompt_ids, tokenizer,
+                                                   hf_outputs):
+    engine = make_engine(tiny_model_dir)
+    text = tokenizer.decode(hf_outputs[1])
+    mid = len(text) // 2
+    stop = next(text[i:i + 3] for i in range(mid, len(text)) if text[i:i + 3].strip())
+    res = run_to_completion(engine, {0: [("s", prompt_ids[1], SamplingParams(
+        max_new_tokens=MAX_NEW, min_new_tokens=0, stop=[stop], ignore_eos=True))]})
+    c = res["s"][0]
+    assert c.finish_reason is FinishReason.STOP_SEQUENCE
+    assert c.stop_sequence == stop
+    assert c.text == text[:text.index(stop)]
+
+
+def test_invalid_requests_raise_value_error_and_queue_bound_raises(tiny_model_dir):
+    engine = make_engine(tiny_model_dir, max_model_len=64, max_waiting=2)
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("e", [], SamplingParams())
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.add_request("v", [10**7], SamplingParams())
+    with pytest.raises(ValueError, match="context"):
+        engine.add_request("l", [5] * 64, SamplingParams())
+    engine.add_request("q1", [5, 6], SamplingParams())
+    engine.add_request("q2", [5, 6], SamplingParams())
+    with pytest.raises(QueueFullError):
+        engine.add_request("q3", [5, 6], SamplingParams())
+    with pytest.raises(ValueError, match="already"):
+        engine.add_request("q1", [5, 6], SamplingParams())
+
+
+def test_logprobs_are_reported_for_every_token(tiny_model_dir, prompt_ids):
+    engine = make_engine(tiny_model_dir)
+    res = run_to_completion(engine, {0: [("l", prompt_ids[0], SamplingParams(
+        max_new_tokens=5, min_new_tokens=5, logprobs=True, top_logprobs=3))]})
+    c = res["l"][0]
+    assert len(c.logprobs) == 5
+    for tok, lp in zip(c.token_ids, c.logprobs, strict=True):
+        assert lp.token_id == tok
+        assert len(lp.top) == 3
+        assert lp.top[0][0] == tok  # greedy picks the top raw token
+        assert lp.logprob == pytest.approx(lp.top[0][1])

@@ -1,0 +1,191 @@
+"""Processor factories: one product per sequence, released exactly once, failures isolated."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from engine.outputs import FinishReason
+from engine.sampling_params import SamplingParams
+from tests.engine.test_engine import make_engine, run_to_completion
+
+PROMPTS = ["Hello there", "The sky is", "Numbers: 1, 2,", "Write a poem about",
+           "In 1492,", "def add(a, b):", "Roses are red,", "My favourite food is"]
+
+
+class Recorder:
+    """Stateful processor: remembers every output prefix it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+        self.prompt: list[int] | None = None
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        if self.prompt is None:
+            self.prompt = list(prompt_ids)
+        self.seen.append(list(output_ids))
+        return logits
+
+
+class RecorderFactory:
+    def __init__(self) -> None:
+        self.created: list[Recorder] = []
+        self.released: list[Recorder] = []
+        self._lock = threading.Lock()
+
+    def create(self) -> Recorder:
+        with self._lock:
+            r = Recorder()
+            self.created.append(r)
+            return r
+
+    def release(self, proc: Recorder) -> None:
+        with self._lock:
+            assert proc in self.created and proc not in self.released, "double release"
+            self.released.append(proc)
+
+
+class RaiseOnNth:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        self.calls += 1
+        if self.calls == self.n:
+            raise RuntimeError(f"boom on call {self.n}")
+        return logits
+
+
+class RaiseFactory:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.released = 0
+
+    def create(self):
+        return RaiseOnNth(self.n)
+
+    def release(self, proc) -> None:
+        self.released += 1
+
+
+@pytest.fixture(scope="module")
+def ids(tokenizer):
+    return [tokenizer(p)["input_ids"] for p in PROMPTS]
+
+
+def test_batch_sharing_one_params_object_gives_each_sequence_its_own_processor(
+        tiny_model_dir, ids):
+    """The seed bug: 16 items share identical params with a stateful processor."""
+    factory = RecorderFactory()
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, logits_processors=[factory])
+    engine = make_engine(tiny_model_dir)
+    reqs = [(f"r{i}", ids[i % len(ids)], params) for i in range(16)]
+    res = run_to_completion(engine, {0: reqs[:8], 2: reqs[8:]})
+    assert len(factory.created) == 16 == len(factory.released)
+    by_prompt = {}
+    for rec in factory.created:
+        by_prompt.setdefault(tuple(rec.prompt), []).append(rec)
+    for rid, prompt, _ in reqs:
+        out = res[rid][0].token_ids
+        # some recorder for this prompt saw exactly this output, prefix by prefix
+        expect = [out[:i] for i in range(len(out))]
+        assert any(r.seen == expect for r in by_prompt[tuple(prompt)]), rid
+
+
+def test_n_children_get_independent_processors(tiny_model_dir, ids):
+    factory = RecorderFactory()
+    params = SamplingParams(n=4, temperature=1.0, seed=7, max_new_tokens=5, min_new_tokens=5,
+                            logits_processors=[factory])
+    engine = make_engine(tiny_model_dir)
+    res = run_to_completion(engine, {0: [("a", ids[0], params)]})
+    assert len(factory.created) == 4 == len(factory.released)
+    outs = sorted(tuple(c.token_ids) for c in res["a"])
+    seen = sorted(tuple(r.seen[-1]) for r in factory.created)
+    assert seen == sorted(o[:-1] for o in outs)
+
+
+def test_failing_processor_finishes_only_its_own_sequence(tiny_model_dir, ids):
+    base = make_engine(tiny_model_dir)
+    healthy = SamplingParams(max_new_tokens=8, min_new_tokens=8)
+    expected = run_to_completion(base, {0: [(f"h{i}", ids[i], healthy) for i in range(1, 8)]})
+
+    failing = RaiseFactory(3)
+    engine = make_engine(tiny_model_dir)
+    bad = SamplingParams(max_new_tokens=8, min_new_tokens=8, logits_processors=[failing])
+    reqs = [("bad", ids[0], bad)] + [(f"h{i}", ids[i], healthy) for i in range(1, 8)]
+    res = run_to_completion(engine, {0: reqs})
+    assert res["bad"][0].finish_reason is FinishReason.ERROR
+    assert "boom on call 3" in res["bad"][0].error
+    assert len(res["bad"][0].token_ids) == 2
+    assert failing.released == 1
+    for i in range(1, 8):
+        assert res[f"h{i}"][0].token_ids == expected[f"h{i}"][0].token_ids
+    again = run_to_completion(engine, {0: [("after", ids[1], healthy)]})
+    assert again["after"][0].token_ids == expected["h1"][0].token_ids
+    assert engine.runner.allocator.num_used == 0
+
+
+def test_a_processor_that_changes_logits_steers_only_its_sequence(tiny_model_dir, ids):
+    target = 1000
+
+    def force(prompt_ids, output_ids, logits):
+        logits = logits.clone()
+        logits[:] = -torch.inf
+        logits[target] = 0.0
+        return logits
+
+    engine = make_engine(tiny_model_dir)
+    res = run_to_completion(engine, {0: [
+        ("forced", ids[0], SamplingParams(max_new_tokens=4, logits_processors=[force])),
+        ("free", ids[0], SamplingParams(max_new_tokens=4, min_new_tokens=4)),
+    ]})
+    assert res["forced"][0].token_ids == [target] * 4
+    assert res["free"][0].token_ids != [target] * 4
+
+
+def test_preemption_keeps_processor_state_and_output(tiny_model_dir, ids):
+    def run(**kw):
+        factory = RecorderFactory()
+        params = SamplingParams(max_new_tokens=16, min_new_tokens=16,
+                                logits_processors=[factory])
+        engine = make_engine(tiny_model_dir, **kw)
+        res = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(ids)]})
+        states = sorted((tuple(r.prompt), tuple(map(tuple, r.seen))) for r in factory.created)
+        outs = [res[f"r{i}"][0].token_ids for i in range(len(ids))]
+        return engine, outs, states, factory
+
+    _, outs, states, _ = run()
+    block_bytes = 2 * 2 * 4 * 2 * 16 * 4
+    engine, outs_p, states_p, factory = run(block_size=4, kv_cache_memory=block_bytes * 14)
+    assert engine.scheduler.num_preemptions > 0
+    assert outs_p == outs
+    assert states_p == states
+    assert len(factory.created) == len(factory.released)
+
+
+def test_random_aborts_and_deadlines_release_every_processor_and_block(tiny_model_dir, ids):
+    factory = RecorderFactory()
+    engine = make_engine(tiny_model_dir, max_num_seqs=32)
+    rng = random.Random(0)
+    live: list[str] = []
+    for i in range(1000):
+        params = SamplingParams(
+            n=rng.choice([1, 1, 2]), max_new_tokens=rng.randint(1, 6),
+            time_limit_s=rng.choice([None, None, 1e-4]), logits_processors=[factory])
+        engine.add_request(f"r{i}", ids[i % len(ids)], params)
+        live.append(f"r{i}")
+        if rng.random() < 0.3:
+            engine.abort(rng.choice(live))
+        if i % 4 == 0:
+            for out in engine.step():
+                if out.finished:
+                    live.remove(out.request_id)
+    while engine.has_work:
+        engine.step()
+    assert len(factory.created) == len(factory.released) > 1000
+    assert engine.runner.allocator.num_used == 0
+    assert not engine.scheduler.running and not engine.scheduler.waiting
