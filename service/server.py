@@ -1,0 +1,124 @@
+"""The gRPC server: generation service, health, reflection, warm-up and graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.servicer import GenerationServicer, ServerState
+from service.validation import ServiceLimits
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    host: str = "0.0.0.0"
+    port: int = 50051
+    drain_grace_s: float = 30.0
+    limits: ServiceLimits = field(default_factory=ServiceLimits)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+class GenServer:
+    """Owns the grpc.aio server and the engine's lifecycle.
+
+    Health stays NOT_SERVING until the model is loaded *and* one warm-up generation ran,
+    so a Kubernetes readiness/startup probe only routes traffic to a warm replica.
+    """
+
+    def __init__(self, config: ServerConfig, engine: AsyncEngine | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.state = ServerState()
+        self.health = HealthServicer()
+        self.servicer = GenerationServicer(None, config.limits, self.state)  # set when warm
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ])
+        pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), self.server)
+        self.port = 0
+        self._stopped = asyncio.Event()
+
+    async def _set_health(self, status) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    async def start(self) -> int:
+        """Listen at once (health answers NOT_SERVING), then load, warm up, go SERVING."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if not self.port:
+            raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+        await self.server.start()
+        log.info("listening on %s:%d", self.config.host, self.port)
+        if self.engine is None:
+            start = time.perf_counter()
+            self.engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
+            log.info("engine ready in %.1fs: %s, max_model_len=%d",
+                     time.perf_counter() - start, self.engine.info.model_id,
+                     self.engine.info.max_model_len)
+        if not self.engine.is_running:
+            self.engine.start()
+        await self.warm_up()
+        self.servicer.engine = self.engine
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        log.info("SERVING")
+        return self.port
+
+    async def warm_up(self) -> None:
+        assert self.engine is not None
+        start = time.perf_counter()
+        ids = self.engine.tokenizer("Hello")["input_ids"] or [0]
+        async for _ in self.engine.generate("warm-up", ids, SamplingParams(max_new_tokens=4)):
+            pass
+        log.info("warm-up generation took %.2fs", time.perf_counter() - start)
+
+    async def drain(self) -> None:
+        """SIGTERM: stop routing (NOT_SERVING), refuse new calls, finish in-flight ones."""
+        if self.state.draining:
+            return
+        log.info("draining: finishing in-flight work within %.0fs", self.config.drain_grace_s)
+        self.state.draining = True
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        deadline = time.monotonic() + self.config.drain_grace_s
+        while self.state.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.server.stop(grace=max(0.0, deadline - time.monotonic()))
+        if self.engine is not None:
+            await self.engine.shutdown()
+        self._stopped.set()
+        log.info("stopped")
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve(config: ServerConfig) -> None:
+    server = GenServer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.drain()))
+    await server.start()
+    await server.wait()

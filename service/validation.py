@@ -1,0 +1,170 @@
+"""GenerateRequest -> engine inputs, rejecting bad input with a message naming the field.
+
+Numeric ranges are checked once, by ``SamplingParams.__post_init__``; this module adds
+what only the edge knows (the proto's field names, the tokenizer, the server's limits).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from engine.config import ModelInfo
+from engine.sampling_params import SamplingParams
+from genserve.v1 import generation_pb2 as pb
+
+CHAT_ROLES = {"system", "user", "assistant", "tool"}
+MAX_REQUEST_ID_LEN = 256
+MAX_STOP_SEQUENCE_LEN = 256
+MAX_SEED = 2**63 - 1
+
+
+class InvalidArgument(ValueError):
+    """Bad input: the servicer answers INVALID_ARGUMENT with this message."""
+
+
+@dataclass
+class ServiceLimits:
+    default_max_new_tokens: int = 256
+    max_batch_size: int = 256
+    max_n: int = 16
+    max_top_logprobs: int = 20
+    max_stop_sequences: int = 16
+
+
+@dataclass
+class ParsedRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    output: pb.OutputOptions
+
+
+# Which message of the proto a SamplingParams field lives in, for error messages.
+_SECTION = {
+    "max_new_tokens": "stopping", "min_new_tokens": "stopping", "stop_sequences": "stopping",
+    "stop_token_ids": "stopping", "time_limit_ms": "stopping", "top_logprobs": "output",
+}
+
+
+def _prompt_ids(req: pb.GenerateRequest, tokenizer, info: ModelInfo) -> list[int]:
+    kind = req.WhichOneof("input")
+    if kind is None:
+        raise InvalidArgument("input: one of prompt, prompt_token_ids or chat is required")
+    if kind == "prompt":
+        if not req.prompt:
+            raise InvalidArgument("prompt must not be empty")
+        ids = tokenizer(req.prompt)["input_ids"]
+    elif kind == "prompt_token_ids":
+        ids = list(req.prompt_token_ids.ids)
+        if not ids:
+            raise InvalidArgument("prompt_token_ids.ids must not be empty")
+        for i, t in enumerate(ids):
+            if t >= info.vocab_size:
+                raise InvalidArgument(f"prompt_token_ids.ids[{i}] = {t} is outside the "
+                                      f"vocabulary [0, {info.vocab_size})")
+    else:
+        msgs = req.chat.messages
+        if not msgs:
+            raise InvalidArgument("chat.messages must not be empty")
+        for i, m in enumerate(msgs):
+            if m.role not in CHAT_ROLES:
+                raise InvalidArgument(f"chat.messages[{i}].role must be one of "
+                                      f"{sorted(CHAT_ROLES)}, got {m.role!r}")
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidArgument("chat: the served model has no chat template; send a prompt")
+        enc = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in msgs],
+            add_generation_prompt=req.chat.add_generation_prompt, tokenize=True)
+        ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    if not ids:
+        raise InvalidArgument(f"{kind} tokenizes to no tokens")
+    if req.truncate_input_tokens and len(ids) > req.truncate_input_tokens:
+        ids = ids[-req.truncate_input_tokens:]
+    if len(ids) >= info.max_model_len:
+        raise InvalidArgument(
+            f"{kind}: the prompt has {len(ids)} tokens but max_model_len is "
+            f"{info.max_model_len} (leave room for output, or set truncate_input_tokens)")
+    return ids
+
+
+def _float(msg, name: str, default: float) -> float:
+    return getattr(msg, name) if msg.HasField(name) else default
+
+
+def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
+                  limits: ServiceLimits) -> ParsedRequest:
+    if len(req.request_id) > MAX_REQUEST_ID_LEN:
+        raise InvalidArgument(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
+    if req.HasField("structured_output") and req.structured_output.WhichOneof("kind"):
+        raise InvalidArgument("structured_output is not implemented yet on this server")
+    if req.speculative.HasField("enabled") and req.speculative.enabled:
+        raise InvalidArgument("speculative.enabled: speculative decoding is not enabled on "
+                              "this server")
+    if req.processors:
+        raise InvalidArgument(f"processors[0]: unknown processor {req.processors[0].name!r} "
+                              "(none are registered on this server)")
+    ids = _prompt_ids(req, tokenizer, info)
+    s, st, out = req.sampling, req.stopping, req.output
+
+    n = s.n if s.HasField("n") else 1
+    if n < 1 or n > limits.max_n:
+        raise InvalidArgument(f"sampling.n must be in [1, {limits.max_n}], got {n}")
+    if s.HasField("seed") and s.seed > MAX_SEED:
+        raise InvalidArgument(f"sampling.seed must be < 2^63, got {s.seed}")
+    if out.top_logprobs > limits.max_top_logprobs:
+        raise InvalidArgument(f"output.top_logprobs must be <= {limits.max_top_logprobs}, "
+                              f"got {out.top_logprobs}")
+    if len(st.stop_sequences) > limits.max_stop_sequences:
+        raise InvalidArgument(f"stopping.stop_sequences has {len(st.stop_sequences)} entries; "
+                              f"the limit is {limits.max_stop_sequences}")
+    for i, stop in enumerate(st.stop_sequences):
+        if len(stop) > MAX_STOP_SEQUENCE_LEN:
+            raise InvalidArgument(f"stopping.stop_sequences[{i}] is longer than "
+                                  f"{MAX_STOP_SEQUENCE_LEN} characters")
+    for i, t in enumerate(st.stop_token_ids):
+        if t >= info.vocab_size:
+            raise InvalidArgument(f"stopping.stop_token_ids[{i}] = {t} is outside the "
+                                  f"vocabulary [0, {info.vocab_size})")
+
+    room = info.max_model_len - len(ids)
+    if st.HasField("max_new_tokens"):
+        max_new = st.max_new_tokens
+        if max_new > room:
+            raise InvalidArgument(
+                f"stopping.max_new_tokens: prompt ({len(ids)} tokens) + max_new_tokens "
+                f"({max_new}) exceeds max_model_len ({info.max_model_len})")
+    else:
+        max_new = min(limits.default_max_new_tokens, room)
+
+    temperature = _float(s, "temperature", 0.0)
+    if math.isnan(temperature):
+        raise InvalidArgument("sampling.temperature must be a number, got NaN")
+    try:
+        params = SamplingParams(
+            n=n,
+            temperature=temperature,
+            top_k=s.top_k if s.HasField("top_k") else 0,
+            top_p=_float(s, "top_p", 1.0),
+            min_p=_float(s, "min_p", 0.0),
+            typical_p=_float(s, "typical_p", 1.0),
+            repetition_penalty=_float(s, "repetition_penalty", 1.0),
+            presence_penalty=_float(s, "presence_penalty", 0.0),
+            frequency_penalty=_float(s, "frequency_penalty", 0.0),
+            seed=s.seed if s.HasField("seed") else None,
+            max_new_tokens=max_new,
+            min_new_tokens=st.min_new_tokens,
+            stop=list(st.stop_sequences),
+            stop_token_ids=list(st.stop_token_ids),
+            ignore_eos=st.ignore_eos,
+            include_stop_sequence=st.include_stop_sequence,
+            time_limit_s=st.time_limit_ms / 1000 if st.time_limit_ms else None,
+            logprobs=out.logprobs,
+            top_logprobs=out.top_logprobs,
+        )
+    except ValueError as e:
+        msg = str(e)
+        field = msg.split(" ", 1)[0].split("[", 1)[0]
+        raise InvalidArgument(f"{_SECTION.get(field, 'sampling')}.{msg}") from None
+    return ParsedRequest(req.request_id or uuid.uuid4().hex, ids, params, out)
