@@ -22,7 +22,7 @@ from engine.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
 from engine.sampler import Sampler, SamplingMetadata
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
-from engine.sequence import Request, Sequence, SeqStatus
+from engine.sequence import Request, SeqStatus, Sequence
 from engine.stop_checker import OutputState
 
 log = logging.getLogger(__name__)

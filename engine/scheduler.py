@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockAllocator
-from engine.sequence import Sequence, SeqStatus
+from engine.sequence import SeqStatus, Sequence
 
 
 @dataclass

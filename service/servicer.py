@@ -13,7 +13,7 @@ from engine.config import EngineDeadError, QueueFullError
 from engine.outputs import Completion, CompletionDelta, FinishReason, TokenLogprob, Usage
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
-from service.validation import InvalidArgument, ParsedRequest, ServiceLimits, parse_request
+from service.validation import ParsedRequest, ServiceLimits, parse_request
 
 log = logging.getLogger(__name__)
 
