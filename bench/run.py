@@ -1,0 +1,263 @@
+"""``make bench``: genserve against HF ``generate``, measured side by side in one run.
+
+Absolute speeds on a shared CPU drift by up to 2x between runs, so every figure is also
+given as a ratio to an HF baseline taken minutes earlier in the same process, on the same
+weights (the engine's model switched to stock SDPA attention for the baselines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine.attention import ATTN_NAME
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+
+RESULTS = Path(__file__).parent / "results"
+PROMPTS = [
+    "The history of the Roman Empire is",
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a transistor works in simple terms.",
+    "List ten fruits and their colours:",
+    "def quicksort(arr):",
+    "The weather today in London is",
+    "Describe the water cycle for a ten year old.",
+    "In a small village by the sea, there lived",
+]
+
+
+@dataclass
+class Row:
+    name: str
+    tok_s: float
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    tpot_p50: float | None = None
+    ratios: dict[str, float] = field(default_factory=dict)
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def prompts(n: int) -> list[str]:
+    return [PROMPTS[i % len(PROMPTS)] + f" ({i})" * (i >= len(PROMPTS)) for i in range(n)]
+
+
+# ---- HF baselines --------------------------------------------------------------------
+
+def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
+    model, tok = engine.runner.model, engine.tokenizer
+    total, ttfts = 0.0, []
+    with torch.inference_mode():
+        for p in prompts(n_req):
+            ids = torch.tensor([tok(p)["input_ids"]])
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, do_sample=False)
+            ttfts.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+            total += time.perf_counter() - t0
+    tpot = (total - sum(ttfts)) / (n_req * (new - 1))
+    return Row("HF generate, batch 1 sequential", n_req * new / total,
+               statistics.median(ttfts), pct(ttfts, 0.99), tpot)
+
+
+def hf_static(engine: LLMEngine, batch: int, new: int) -> Row:
+    model, tok = engine.runner.model, engine.tokenizer
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    enc = tok(prompts(batch), return_tensors="pt", padding=True)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+        dt = time.perf_counter() - t0
+    return Row(f"HF generate, static batch {batch}", batch * new / dt)
+
+
+# ---- genserve ------------------------------------------------------------------------
+
+def engine_offline(engine: LLMEngine, batch: int, new: int) -> Row:
+    params = SamplingParams(max_new_tokens=new, min_new_tokens=new)
+    for i, p in enumerate(prompts(batch)):
+        engine.add_request(f"off{i}", engine.tokenizer(p)["input_ids"], params)
+    t0 = time.perf_counter()
+    while engine.has_work:
+        engine.step()
+    return Row(f"genserve engine offline, {batch} requests", batch * new /
+               (time.perf_counter() - t0))
+
+
+def grpc_clients(address: str, clients: int, per_client: int, new: int) -> Row:
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        with grpc.insecure_channel(address) as ch:
+            stub = pb_grpc.GenerationServiceStub(ch)
+            for k in range(per_client):
+                req = pb.GenerateRequest(
+                    prompt=prompts(clients * per_client)[c * per_client + k],
+                    stopping=pb.StoppingCriteria(max_new_tokens=new, min_new_tokens=new))
+                t0 = time.perf_counter()
+                first = None
+                for msg in stub.GenerateStream(pb.GenerateStreamRequest(request=req),
+                                               timeout=600):
+                    if first is None and msg.token_ids:
+                        first = time.perf_counter()
+                end = time.perf_counter()
+                with lock:
+                    ttfts.append(first - t0)
+                    tpots.append((end - first) / (new - 1))
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.perf_counter() - t0
+    return Row(f"genserve gRPC, {clients} concurrent clients", clients * per_client * new / dt,
+               statistics.median(ttfts), pct(ttfts, 0.99), statistics.median(tpots))
+
+
+def start_server_process(model: str, port: int) -> subprocess.Popen:
+    """The real ``genserve serve`` in its own process, as deployed: the bench's client
+    threads must not share the server's GIL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--model", model, "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "WARNING"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError("genserve serve exited during start-up")
+            try:
+                status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return proc
+            except grpc.RpcError:
+                pass
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("genserve serve did not become SERVING in 300 s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- report --------------------------------------------------------------------------
+
+def fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"\n{'run':48} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9}  ratios")
+    for r in rows:
+        ratios = ", ".join(f"{v:.2f}x {k}" for k, v in r.ratios.items())
+        print(f"{r.name:48} {r.tok_s:8.1f} {fmt(r.ttft_p50):>9} {fmt(r.ttft_p99):>9} "
+              f"{fmt(r.tpot_p50):>9}  {ratios}")
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # the plot is a nicety; the JSON and the table are the record
+        return
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.barh([r.name for r in rows][::-1], [r.tok_s for r in rows][::-1])
+    ax.set_xlabel("tokens/s (higher is better)")
+    ax.set_title("genserve vs HF generate, same run")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    new = args.new_tokens
+    seq_n = 2 if args.quick else 4
+
+    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=64))
+    model = engine.runner.model
+    model.set_attn_implementation("sdpa")
+    hf1 = hf_sequential(engine, seq_n, new)
+    hf32 = hf_static(engine, 32, new)
+    model.set_attn_implementation(ATTN_NAME)
+    rows = [hf1, hf32]
+
+    engine_offline(engine, 4, 8)  # warm-up
+    off = engine_offline(engine, 32, new)
+    rows.append(off)
+    del engine, model  # free the CPU and memory for the server process
+    gc.collect()
+    port = free_port()
+    server = start_server_process(args.model, port)
+    address = f"127.0.0.1:{port}"
+    g1 = grpc_clients(address, 1, seq_n, new)
+    g8 = grpc_clients(address, 8, 2 if not args.quick else 1, new)
+    g32 = grpc_clients(address, 32, 1, new)
+    rows += [g1, g8, g32]
+    server.send_signal(signal.SIGTERM)
+    server.wait(60)
+
+    for r in rows[2:]:
+        r.ratios = {"HF static 32": r.tok_s / hf32.tok_s, "HF batch 1": r.tok_s / hf1.tok_s}
+    g1.ratios = {"HF batch 1": g1.tok_s / hf1.tok_s}
+    if g1.ttft_p50 and hf1.ttft_p50:
+        g1.ratios["HF TTFT (lower is better)"] = g1.ttft_p50 / hf1.ttft_p50
+
+    print_table(rows)
+    targets = {
+        "batch-1 decode >= 1.0x HF batch 1": g1.tok_s / hf1.tok_s >= 1.0,
+        "32 clients >= 1.0x HF static batch 32": g32.tok_s / hf32.tok_s >= 1.0,
+        "32 clients >= 6x HF sequential": g32.tok_s / hf1.tok_s >= 6.0,
+    }
+    print()
+    for name, ok in targets.items():
+        print(f"  [{'met' if ok else 'MISSED'}] {name}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = {"when": stamp, "new_tokens": new, "rows": [asdict(r) for r in rows],
+           "targets": targets, "torch_threads": torch.get_num_threads()}
+    (RESULTS / "serving.json").write_text(json.dumps(out, indent=2))
+    plot(rows, RESULTS / "serving.png")
+    print(f"\nwrote {RESULTS / 'serving.json'} and serving.png")
+
+
+if __name__ == "__main__":
+    main()
