@@ -19,6 +19,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.logits_process import is_factory
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
 from engine.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
+from engine.processors import ProcessorRunner
 from engine.sampler import Sampler, SamplingMetadata
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
@@ -57,6 +58,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.runner.allocator, config.block_size,
                                    config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
+        self.processor_runner = ProcessorRunner()
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._touched: dict[str, Request] = {}
@@ -116,12 +118,7 @@ class LLMEngine:
             seq.generator = torch.Generator(self.runner.device).manual_seed(params.seed + index)
         try:
             for p in params.logits_processors:
-                if is_factory(p):
-                    product = p.create()
-                    seq.owned.append((p, product))
-                    seq.processors.append(product)
-                else:
-                    seq.processors.append(p)
+                seq.processors.append((p.create(), p) if is_factory(p) else (p, None))
         except Exception as e:  # a failing factory fails only this sequence
             self._fail(seq, e)
         return seq
@@ -152,8 +149,10 @@ class LLMEngine:
         seq.finish_reason = reason
         seq.status = SeqStatus.FINISHED
         self.scheduler.remove(seq)
-        owned, seq.owned = seq.owned, []
-        for factory, product in owned:
+        owned, seq.processors = seq.processors, []
+        for product, factory in owned:
+            if factory is None:
+                continue
             try:
                 factory.release(product)
             except Exception:
@@ -203,24 +202,21 @@ class LLMEngine:
                                             seq.block_table, s.samples))
                 if s.samples:
                     prefill_seqs.append(seq)
+        seqs = decode_seqs + prefill_seqs
+        # Batched processors prepare (e.g. grammar bitmasks) while the forward runs.
+        prepared = (self.processor_runner.prepare(seqs)
+                    if any(s.processors for s in seqs) else None)
         logits = self.runner.execute(decodes, prefills)
         for s in scheduled:
             s.seq.num_computed_tokens += s.num_tokens
-        self._sample(decode_seqs + prefill_seqs, logits)
-
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         alive = torch.ones(len(seqs), dtype=torch.bool)
-        for i, seq in enumerate(seqs):
-            if not seq.processors:
-                continue
-            row = logits[i]
-            try:
-                for proc in seq.processors:
-                    row = proc(seq.prompt_token_ids, seq.output_token_ids, row)
-                logits[i] = row
-            except Exception as e:
-                self._fail(seq, e)
+        if prepared is not None:
+            for i, exc in self.processor_runner.apply(prepared, logits).items():
+                self._fail(seqs[i], exc)
                 alive[i] = False
+        self._sample(seqs, logits, alive)
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, alive: torch.Tensor) -> None:
         if not alive.all():
             keep = alive.nonzero().squeeze(1)
             seqs = [s for s, a in zip(seqs, alive.tolist(), strict=True) if a]

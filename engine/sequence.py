@@ -24,9 +24,9 @@ class SeqStatus(enum.Enum):
 class Sequence:
     """One of a request's ``n`` samples: its tokens, KV blocks and per-sequence state.
 
-    ``processors`` are this sequence's own products of the params' factories (plus the
-    shared stateless processors), in the params' order; ``owned`` pairs each product with
-    the factory it must be released to.
+    ``processors`` pairs, in the params' order, each processor with the factory that made
+    it for this sequence alone (None for a shared stateless processor); products are
+    released to their factory when the sequence ends.
     """
 
     seq_id: int
@@ -34,8 +34,7 @@ class Sequence:
     index: int
     prompt_token_ids: list[int]
     output: OutputState
-    processors: list[Any] = field(default_factory=list)
-    owned: list[tuple[Any, Any]] = field(default_factory=list)
+    processors: list[tuple[Any, Any | None]] = field(default_factory=list)
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)

@@ -54,6 +54,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-stop-sequences", type=int, default=limits.max_stop_sequences)
     p.add_argument("--drain-grace-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight calls may take to finish")
+    p.add_argument("--processor-plugin", action="append", default=[], metavar="MODULE:CLASS",
+                   help="register a logits-processor plugin (repeatable); banned_phrases and "
+                        "no_repeat_window are built in")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -81,7 +84,8 @@ def _run_serve(args) -> int:
         max_n=args.max_n, max_top_logprobs=args.max_top_logprobs,
         max_stop_sequences=args.max_stop_sequences)
     config = ServerConfig(host=args.host, port=args.port,
-                          drain_grace_s=args.drain_grace_seconds, limits=limits, engine=engine)
+                          drain_grace_s=args.drain_grace_seconds, limits=limits, engine=engine,
+                          processor_plugins=args.processor_plugin)
     asyncio.run(serve(config))
     return 0
 

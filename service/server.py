@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.processor_plugins import PluginContext, PluginRegistry
 from service.servicer import GenerationServicer, ServerState
 from service.validation import ServiceLimits
 
@@ -34,6 +35,7 @@ class ServerConfig:
     drain_grace_s: float = 30.0
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    processor_plugins: list[str] = field(default_factory=list)  # module:Class, beyond builtins
 
 
 class GenServer:
@@ -81,6 +83,10 @@ class GenServer:
                      self.engine.info.max_model_len)
         if not self.engine.is_running:
             self.engine.start()
+        self.servicer.registry = PluginRegistry(
+            PluginContext(self.engine.tokenizer, self.engine.info.vocab_size),
+            self.config.processor_plugins)
+        log.info("processor plugins: %s", ", ".join(sorted(self.servicer.registry.plugins)))
         await self.warm_up()
         self.servicer.engine = self.engine
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)

@@ -13,6 +13,7 @@ from engine.config import EngineDeadError, QueueFullError
 from engine.outputs import Completion, CompletionDelta, FinishReason, TokenLogprob, Usage
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.processor_plugins import PluginRegistry
 from service.validation import ParsedRequest, ServiceLimits, parse_request
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,13 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.engine = engine  # None while the model loads: calls get UNAVAILABLE
         self.limits = limits
         self.state = state
+        self.registry: PluginRegistry | None = None
 
     # ---- helpers --------------------------------------------------------------------
 
     def _parse(self, req: pb.GenerateRequest) -> ParsedRequest:
-        return parse_request(req, self.engine.tokenizer, self.engine.info, self.limits)
+        return parse_request(req, self.engine.tokenizer, self.engine.info, self.limits,
+                             self.registry)
 
     async def _check_open(self, context) -> None:
         if self.state.draining:

@@ -94,7 +94,8 @@ def _float(msg, name: str, default: float) -> float:
 
 
 def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
-                  limits: ServiceLimits) -> ParsedRequest:
+                  limits: ServiceLimits, registry=None) -> ParsedRequest:
+    """``registry`` (a ``PluginRegistry``) resolves ``processors``; None = none allowed."""
     if len(req.request_id) > MAX_REQUEST_ID_LEN:
         raise InvalidArgument(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
     if req.HasField("structured_output") and req.structured_output.WhichOneof("kind"):
@@ -102,9 +103,12 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     if req.speculative.HasField("enabled") and req.speculative.enabled:
         raise InvalidArgument("speculative.enabled: speculative decoding is not enabled on "
                               "this server")
+    processors = []
     if req.processors:
-        raise InvalidArgument(f"processors[0]: unknown processor {req.processors[0].name!r} "
-                              "(none are registered on this server)")
+        if registry is None:
+            raise InvalidArgument(f"processors[0]: unknown processor {req.processors[0].name!r}"
+                                  " (no processor plugins on this server)")
+        processors = registry.build(list(req.processors))
     ids = _prompt_ids(req, tokenizer, info)
     s, st, out = req.sampling, req.stopping, req.output
 
@@ -162,6 +166,7 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
             time_limit_s=st.time_limit_ms / 1000 if st.time_limit_ms else None,
             logprobs=out.logprobs,
             top_logprobs=out.top_logprobs,
+            logits_processors=processors,
         )
     except ValueError as e:
         msg = str(e)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -189,3 +190,96 @@ def test_random_aborts_and_deadlines_release_every_processor_and_block(tiny_mode
     assert len(factory.created) == len(factory.released) > 1000
     assert engine.runner.allocator.num_used == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+class NoImmediateRepeat:
+    """Per-row form: bans the token just emitted."""
+
+    def __init__(self, fail_on_prompt: list[int] | None = None) -> None:
+        self.fail_on_prompt = fail_on_prompt
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        if self.fail_on_prompt is not None and list(prompt_ids) == self.fail_on_prompt:
+            raise ValueError("this row's processor is broken")
+        if output_ids:
+            logits = logits.clone()
+            logits[output_ids[-1]] = -torch.inf
+        return logits
+
+
+class BatchedNoImmediateRepeat:
+    """The same rule as a batched factory: one mask for all rows, built off-thread."""
+
+    def __init__(self, fail_batch: bool = False, fail_on_prompt=None) -> None:
+        self.fail_batch = fail_batch
+        self.fail_on_prompt = fail_on_prompt
+        self.prepare_threads: set[str] = set()
+        self.prepare_times: list[float] = []
+        self.created = self.released = 0
+
+    def create(self):
+        self.created += 1
+        return NoImmediateRepeat(self.fail_on_prompt)
+
+    def release(self, proc) -> None:
+        self.released += 1
+
+    def prepare_batch(self, products, prompt_ids, output_ids):
+        self.prepare_threads.add(threading.current_thread().name)
+        self.prepare_times.append(time.perf_counter())
+        if self.fail_batch:
+            raise RuntimeError("batch prepare failed")
+        return [out[-1] if out else None for out in output_ids]
+
+    def apply_batch(self, last_tokens, logits):
+        for row, tok in enumerate(last_tokens):
+            if tok is not None:
+                logits[row, tok] = -torch.inf
+        return logits
+
+
+def test_batched_factory_prepares_during_the_forward_and_matches_per_row(tiny_model_dir, ids):
+    def run(proc_or_factory):
+        engine = make_engine(tiny_model_dir)
+        spans = []
+        execute = engine.runner.execute
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return execute(*a, **kw)
+            finally:
+                spans.append((t0, time.perf_counter()))
+
+        engine.runner.execute = timed
+        params = SamplingParams(max_new_tokens=10, min_new_tokens=10, repetition_penalty=0.5,
+                                logits_processors=[proc_or_factory])
+        res = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(ids)]})
+        return [res[f"r{i}"][0].token_ids for i in range(len(ids))], spans
+
+    per_row, _ = run(NoImmediateRepeat())
+    factory = BatchedNoImmediateRepeat()
+    batched, spans = run(factory)
+    assert batched == per_row
+    for out in batched:  # the rule really applied (penalty 0.5 favours repeats)
+        assert all(a != b for a, b in zip(out, out[1:], strict=False))
+    assert factory.prepare_threads == {"genserve-prepare_0"}
+    # each prepare ran alongside a forward: started just before it or during it
+    assert all(any(s - 0.05 <= t <= e for s, e in spans) for t in factory.prepare_times)
+    assert factory.created == factory.released == len(ids)
+
+
+def test_failing_batch_prepare_falls_back_and_pins_the_error_on_one_sequence(tiny_model_dir,
+                                                                               ids):
+    factory = BatchedNoImmediateRepeat(fail_batch=True, fail_on_prompt=ids[2])
+    engine = make_engine(tiny_model_dir)
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, logits_processors=[factory])
+    res = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(ids)]})
+    assert res["r2"][0].finish_reason is FinishReason.ERROR
+    assert "broken" in res["r2"][0].error
+    for i in range(len(ids)):
+        if i != 2:
+            out = res[f"r{i}"][0].token_ids
+            assert res[f"r{i}"][0].finish_reason is FinishReason.LENGTH and len(out) == 6
+            assert all(a != b for a, b in zip(out, out[1:], strict=False))
+    assert factory.created == factory.released == len(ids)

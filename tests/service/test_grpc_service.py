@@ -162,7 +162,7 @@ INVALID = [
     (req(request_id="x" * 300), "request_id"),
     (req(structured_output=pb.StructuredOutput(regex="a+")), "structured_output"),
     (req(speculative=pb.SpeculativeOptions(enabled=True)), "speculative"),
-    (req(processors=[pb.ProcessorRef(name="nope")]), "processor"),
+    (req(processors=[pb.ProcessorRef(name="nope")]), "processors[0]"),
 ]
 
 

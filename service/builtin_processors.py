@@ -1,0 +1,124 @@
+"""Two example processor plugins, always registered.
+
+``banned_phrases`` (stateless, shared): the listed words/phrases never appear in the
+output as tokenized (with and without a leading space). ``no_repeat_window`` (stateful,
+one per sequence, pooled): no token may repeat within the last ``window`` output tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+MAX_PHRASES = 256
+MAX_WINDOW = 1024
+
+
+class BannedPhrasesProcessor:
+    """Bans a phrase's last token whenever the output ends with the rest of it."""
+
+    def __init__(self, phrases: list[list[int]]) -> None:
+        self.single = sorted({p[0] for p in phrases if len(p) == 1})
+        self.multi = [p for p in phrases if len(p) > 1]
+
+    def __call__(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                  logits: torch.Tensor) -> torch.Tensor:
+        ban = list(self.single)
+        for p in self.multi:
+            k = len(p) - 1
+            if len(output_ids) >= k and list(output_ids[len(output_ids) - k:]) == p[:-1]:
+                ban.append(p[-1])
+        if ban:
+            logits = logits.clone()
+            logits[ban] = -torch.inf
+        return logits
+
+
+class BannedPhrases:
+    name = "banned_phrases"
+
+    def __init__(self, context) -> None:
+        self.tokenizer = context.tokenizer
+
+    def build(self, args: dict[str, Any]) -> BannedPhrasesProcessor:
+        phrases = args.get("phrases")
+        extra = set(args) - {"phrases"}
+        if extra:
+            raise ValueError(f"unknown argument(s) {sorted(extra)}; expected 'phrases'")
+        if (not isinstance(phrases, list) or not phrases or len(phrases) > MAX_PHRASES
+                or not all(isinstance(p, str) and p.strip() for p in phrases)):
+            raise ValueError(f"'phrases' must be a list of 1..{MAX_PHRASES} non-empty strings")
+        encoded = []
+        for phrase in phrases:
+            for variant in (phrase, " " + phrase.lstrip()):
+                ids = self.tokenizer(variant, add_special_tokens=False)["input_ids"]
+                if ids:
+                    encoded.append(list(ids))
+        return BannedPhrasesProcessor(encoded)
+
+
+class NoRepeatWindowProcessor:
+    """Keeps a running count of the last ``window`` output tokens (O(new tokens) a step)."""
+
+    def __init__(self) -> None:
+        self.window = 0
+        self.seen = 0
+        self.recent: deque[int] = deque()
+        self.counts: Counter[int] = Counter()
+
+    def reset(self, window: int) -> None:
+        self.window, self.seen = window, 0
+        self.recent.clear()
+        self.counts.clear()
+
+    def __call__(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                 logits: torch.Tensor) -> torch.Tensor:
+        for tok in output_ids[self.seen:]:
+            self.recent.append(tok)
+            self.counts[tok] += 1
+            if len(self.recent) > self.window:
+                old = self.recent.popleft()
+                self.counts[old] -= 1
+                if not self.counts[old]:
+                    del self.counts[old]
+        self.seen = len(output_ids)
+        if self.counts:
+            logits = logits.clone()
+            logits[list(self.counts)] = -torch.inf
+        return logits
+
+
+class NoRepeatWindowFactory:
+    """One processor per sequence, recycled through a pool when the sequence ends."""
+
+    def __init__(self, window: int, pool: list[NoRepeatWindowProcessor]) -> None:
+        self.window = window
+        self.pool = pool
+
+    def create(self) -> NoRepeatWindowProcessor:
+        proc = self.pool.pop() if self.pool else NoRepeatWindowProcessor()
+        proc.reset(self.window)
+        return proc
+
+    def release(self, proc: NoRepeatWindowProcessor) -> None:
+        self.pool.append(proc)
+
+
+class NoRepeatWindow:
+    name = "no_repeat_window"
+
+    def __init__(self, context) -> None:
+        self.pool: list[NoRepeatWindowProcessor] = []
+
+    def build(self, args: dict[str, Any]) -> NoRepeatWindowFactory:
+        window = args.get("window")
+        extra = set(args) - {"window"}
+        if extra:
+            raise ValueError(f"unknown argument(s) {sorted(extra)}; expected 'window'")
+        if not isinstance(window, int) or isinstance(window, bool) or not \
+                1 <= window <= MAX_WINDOW:
+            raise ValueError(f"'window' must be an integer in [1, {MAX_WINDOW}]")
+        return NoRepeatWindowFactory(window, self.pool)
