@@ -19,6 +19,10 @@ class EngineConfig:
     device: str = "auto"  # auto = cuda if available else cpu
     max_waiting: int = 1024  # waiting-queue bound; beyond it generate() raises QueueFullError
     max_top_logprobs: int = 20
+    # Run batched processors' prepare in a worker thread during the forward. None = auto:
+    # only when the forward leaves a CPU core free (CUDA, or more cores than torch uses);
+    # on a CPU whose cores the forward saturates, overlapping measured slower (make bench).
+    overlap_prepare: bool | None = None
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -58,10 +59,17 @@ class LLMEngine:
         self.scheduler = Scheduler(self.runner.allocator, config.block_size,
                                    config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
-        self.processor_runner = ProcessorRunner()
+        self.processor_runner = ProcessorRunner(self._overlap_prepare())
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._touched: dict[str, Request] = {}
+
+    def _overlap_prepare(self) -> bool:
+        if self.config.overlap_prepare is not None:
+            return self.config.overlap_prepare
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        return self.runner.device.type == "cuda" or cores > torch.get_num_threads()
 
     # ---- requests -------------------------------------------------------------------
 

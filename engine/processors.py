@@ -48,8 +48,20 @@ class PreparedStep:
     depth: int = 0
 
 
+class _Done(Future):
+    """A future already holding its result: prepare run inline (``overlap=False``)."""
+
+    def __init__(self, fn, *args) -> None:
+        super().__init__()
+        try:
+            self.set_result(fn(*args))
+        except Exception as e:
+            self.set_exception(e)
+
+
 class ProcessorRunner:
-    def __init__(self) -> None:
+    def __init__(self, overlap: bool = True) -> None:
+        self.overlap = overlap  # False runs prepare inline: only the bench's baseline wants it
         self._pool: ThreadPoolExecutor | None = None
 
     def _executor(self) -> ThreadPoolExecutor:
@@ -68,9 +80,9 @@ class ProcessorRunner:
                     step.groups.setdefault(key, _Group(factory, [])).rows.append(i)
         for (j, _), group in step.groups.items():
             rows = [seqs[i] for i in group.rows]
-            group.future = self._executor().submit(
-                group.factory.prepare_batch, [s.processors[j][0] for s in rows],
-                [s.prompt_token_ids for s in rows], [list(s.output_token_ids) for s in rows])
+            args = (group.factory.prepare_batch, [s.processors[j][0] for s in rows],
+                    [s.prompt_token_ids for s in rows], [list(s.output_token_ids) for s in rows])
+            group.future = self._executor().submit(*args) if self.overlap else _Done(*args)
         return step
 
     def apply(self, step: PreparedStep, logits: torch.Tensor) -> dict[int, BaseException]:

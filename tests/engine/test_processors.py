@@ -239,8 +239,8 @@ class BatchedNoImmediateRepeat:
 
 
 def test_batched_factory_prepares_during_the_forward_and_matches_per_row(tiny_model_dir, ids):
-    def run(proc_or_factory):
-        engine = make_engine(tiny_model_dir)
+    def run(proc_or_factory, **kw):
+        engine = make_engine(tiny_model_dir, **kw)
         spans = []
         execute = engine.runner.execute
 
@@ -258,8 +258,12 @@ def test_batched_factory_prepares_during_the_forward_and_matches_per_row(tiny_mo
         return [res[f"r{i}"][0].token_ids for i in range(len(ids))], spans
 
     per_row, _ = run(NoImmediateRepeat())
+    inline_factory = BatchedNoImmediateRepeat()
+    inline, _ = run(inline_factory, overlap_prepare=False)
+    assert inline == per_row
+    assert inline_factory.prepare_threads == {threading.current_thread().name}
     factory = BatchedNoImmediateRepeat()
-    batched, spans = run(factory)
+    batched, spans = run(factory, overlap_prepare=True)
     assert batched == per_row
     for out in batched:  # the rule really applied (penalty 0.5 favours repeats)
         assert all(a != b for a, b in zip(out, out[1:], strict=False))
