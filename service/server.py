@@ -21,6 +21,7 @@ from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.processor_plugins import PluginContext, PluginRegistry
 from service.servicer import GenerationServicer, ServerState
 from service.validation import ServiceLimits
+from structured.manager import StructuredConfig, StructuredOutputs
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class ServerConfig:
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     engine: EngineConfig = field(default_factory=EngineConfig)
     processor_plugins: list[str] = field(default_factory=list)  # module:Class, beyond builtins
+    structured: StructuredConfig | None = field(default_factory=StructuredConfig)  # None = off
 
 
 class GenServer:
@@ -87,6 +89,11 @@ class GenServer:
             PluginContext(self.engine.tokenizer, self.engine.info.vocab_size),
             self.config.processor_plugins)
         log.info("processor plugins: %s", ", ".join(sorted(self.servicer.registry.plugins)))
+        if self.config.structured is not None and self.servicer.structured is None:
+            info = self.engine.info
+            self.servicer.structured = await asyncio.to_thread(
+                StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
+                self.config.structured)
         await self.warm_up()
         self.servicer.engine = self.engine
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)

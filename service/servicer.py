@@ -14,7 +14,8 @@ from engine.outputs import Completion, CompletionDelta, FinishReason, TokenLogpr
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.processor_plugins import PluginRegistry
-from service.validation import ParsedRequest, ServiceLimits, parse_request
+from service.validation import InvalidArgument, ParsedRequest, ServiceLimits, parse_request
+from structured.manager import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.limits = limits
         self.state = state
         self.registry: PluginRegistry | None = None
+        self.structured: StructuredOutputs | None = None
 
     # ---- helpers --------------------------------------------------------------------
 
@@ -99,7 +101,18 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         if self.engine is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
 
+    async def _attach_grammar(self, parsed: ParsedRequest) -> None:
+        """Compile (off the engine thread, cached) and append the grammar's factory."""
+        if parsed.structured is None:
+            return
+        if self.structured is None:
+            raise InvalidArgument("structured_output: structured output is disabled on this "
+                                  "server")
+        factory = await self.structured.factory(parsed.structured)
+        parsed.params.logits_processors.append(factory)
+
     async def _generate(self, parsed: ParsedRequest) -> pb.GenerateResponse:
+        await self._attach_grammar(parsed)
         completions = [Completion(i) for i in range(parsed.params.n)]
         usage = Usage(prompt_tokens=len(parsed.prompt_token_ids))
         async for out in self.engine.generate(parsed.request_id, parsed.prompt_token_ids,
@@ -180,6 +193,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         try:
             try:
                 parsed = self._parse(request.request)
+                await self._attach_grammar(parsed)
                 stream = self.engine.generate(parsed.request_id, parsed.prompt_token_ids,
                                               parsed.params)
                 error: str | None = None
@@ -221,7 +235,10 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GetModelInfo(self, request, context):
         await self._check_open(context)
         info = self.engine.info
+        kinds = self.structured.kinds() if self.structured else {}
         return pb.GetModelInfoResponse(
             model_id=info.model_id, max_model_len=info.max_model_len,
             vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
-            structured_backends=[], speculative=pb.SpeculativeInfo(method="", k=0))
+            structured_backends=list(kinds), speculative=pb.SpeculativeInfo(method="", k=0),
+            structured_backend_info=[pb.StructuredBackendInfo(name=n, kinds=k)
+                                     for n, k in kinds.items()])

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.config import ModelInfo
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
+from structured.spec import AUTO, LM_FORMAT_ENFORCER, XGRAMMAR, StructuredSpec
 
 CHAT_ROLES = {"system", "user", "assistant", "tool"}
 MAX_REQUEST_ID_LEN = 256
@@ -39,6 +40,35 @@ class ParsedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     output: pb.OutputOptions
+    structured: StructuredSpec | None = None
+
+
+_BACKENDS = {
+    pb.STRUCTURED_BACKEND_UNSPECIFIED: AUTO,
+    pb.STRUCTURED_BACKEND_XGRAMMAR: XGRAMMAR,
+    pb.STRUCTURED_BACKEND_LM_FORMAT_ENFORCER: LM_FORMAT_ENFORCER,
+}
+
+
+def structured_spec(so: pb.StructuredOutput) -> StructuredSpec | None:
+    kind = so.WhichOneof("kind")
+    if kind is None:
+        return None
+    if so.backend not in _BACKENDS:
+        raise InvalidArgument(f"structured_output.backend: unknown value {so.backend}")
+    if kind == "choice":
+        value: str | tuple[str, ...] = tuple(so.choice.choices)
+        if not value or not all(value):
+            raise InvalidArgument("structured_output.choice.choices must be non-empty strings")
+    elif kind == "json_object":
+        if not so.json_object:
+            raise InvalidArgument("structured_output.json_object must be true when set")
+        value = ""
+    else:
+        value = getattr(so, kind)
+        if not value.strip():
+            raise InvalidArgument(f"structured_output.{kind} must not be empty")
+    return StructuredSpec(kind, value, _BACKENDS[so.backend])
 
 
 # Which message of the proto a SamplingParams field lives in, for error messages.
@@ -98,8 +128,7 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     """``registry`` (a ``PluginRegistry``) resolves ``processors``; None = none allowed."""
     if len(req.request_id) > MAX_REQUEST_ID_LEN:
         raise InvalidArgument(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
-    if req.HasField("structured_output") and req.structured_output.WhichOneof("kind"):
-        raise InvalidArgument("structured_output is not implemented yet on this server")
+    structured = structured_spec(req.structured_output)
     if req.speculative.HasField("enabled") and req.speculative.enabled:
         raise InvalidArgument("speculative.enabled: speculative decoding is not enabled on "
                               "this server")
@@ -172,4 +201,4 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
         msg = str(e)
         field = msg.split(" ", 1)[0].split("[", 1)[0]
         raise InvalidArgument(f"{_SECTION.get(field, 'sampling')}.{msg}") from None
-    return ParsedRequest(req.request_id or uuid.uuid4().hex, ids, params, out)
+    return ParsedRequest(req.request_id or uuid.uuid4().hex, ids, params, out, structured)

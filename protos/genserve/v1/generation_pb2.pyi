@@ -320,17 +320,27 @@ class SpeculativeInfo(_message.Message):
     def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative")
+    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative", "structured_backend_info")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_BACKENDS_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_BACKEND_INFO_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     max_model_len: int
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     structured_backends: _containers.RepeatedScalarFieldContainer[str]
     speculative: SpeculativeInfo
-    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ...) -> None: ...
+    structured_backend_info: _containers.RepeatedCompositeFieldContainer[StructuredBackendInfo]
+    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ...) -> None: ...
+
+class StructuredBackendInfo(_message.Message):
+    __slots__ = ("name", "kinds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kinds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...

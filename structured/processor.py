@@ -1,0 +1,83 @@
+"""Grammar-constrained decoding as a batched logits-processor factory.
+
+The engine only sees a factory: ``create()`` gives each sequence its own grammar state;
+``prepare_batch`` advances every constrained row's grammar by the tokens it emitted and
+fills all their bitmask rows in one pass (built on CPU, possibly while the forward runs);
+``apply_batch`` masks the logits on their own device in one call. Rows without a grammar
+never reach this code. Matchers are pooled per compiled grammar and reset on release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import xgrammar as xgr
+
+from structured.grammar import CompiledGrammar, Grammar, bitmask_words
+
+
+class GrammarProcessor:
+    """One sequence's grammar state, kept in step with the tokens it has emitted."""
+
+    def __init__(self, grammar: Grammar, vocab_size: int) -> None:
+        self.grammar = grammar
+        self.vocab_size = vocab_size
+        self.num_accepted = 0
+
+    def sync(self, output_ids: Sequence[int]) -> None:
+        new = list(output_ids[self.num_accepted:])
+        if new and not self.grammar.accept_tokens(new):
+            raise RuntimeError(f"the grammar rejected emitted tokens {new}")
+        self.num_accepted = len(output_ids)
+
+    def fill(self, bitmask: torch.Tensor, row: int, output_ids: Sequence[int]) -> None:
+        self.sync(output_ids)
+        self.grammar.fill_bitmask(bitmask, row)
+
+    def __call__(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                 logits: torch.Tensor) -> torch.Tensor:
+        """Per-row path (used when a batched call fails): same result, one row."""
+        bitmask = torch.zeros(1, bitmask_words(self.vocab_size), dtype=torch.int32)
+        self.fill(bitmask, 0, output_ids)
+        row = logits.unsqueeze(0).contiguous()
+        apply_bitmask(row, bitmask)
+        return row[0]
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place: -inf where the bit is clear. Works for any vocab padding of the logits."""
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True))
+
+
+class GrammarFactory:
+    """Shared by every request with the same compiled spec, so their rows batch together."""
+
+    def __init__(self, compiled: CompiledGrammar, vocab_size: int, backend: str) -> None:
+        self.compiled = compiled
+        self.vocab_size = vocab_size
+        self.backend = backend
+        self._pool: list[Grammar] = []
+        self.created = self.released = 0
+
+    def create(self) -> GrammarProcessor:
+        self.created += 1
+        grammar = self._pool.pop() if self._pool else self.compiled.new_grammar()
+        return GrammarProcessor(grammar, self.vocab_size)
+
+    def release(self, proc: GrammarProcessor) -> None:
+        self.released += 1
+        proc.grammar.reset()
+        self._pool.append(proc.grammar)
+
+    def prepare_batch(self, products: list[GrammarProcessor], prompt_ids, output_ids
+                      ) -> torch.Tensor:
+        bitmask = torch.zeros(len(products), bitmask_words(self.vocab_size), dtype=torch.int32)
+        for row, (proc, out) in enumerate(zip(products, output_ids, strict=True)):
+            proc.fill(bitmask, row, out)
+        return bitmask
+
+    def apply_batch(self, bitmask: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.contiguous()
+        apply_bitmask(logits, bitmask)
+        return logits
