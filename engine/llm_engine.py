@@ -45,9 +45,9 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, share_weights: LLMEngine | None = None) -> None:
         self.config = config
-        self.runner = ModelRunner(config)
+        self.runner = ModelRunner(config, share_weights.runner if share_weights else None)
         self.tokenizer = self.runner.tokenizer
         self.info = ModelInfo(
             model_id=self.runner.model_id,

@@ -41,13 +41,19 @@ class PrefillWork:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
-        source = resolve_model(config.model)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        self.tokenizer = load_tokenizer(source)
-        self.model = load_model(source, self.dtype, self.device, ATTN_NAME)
-        self.model_id = source.model_id
+    def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None) -> None:
+        """``share_weights``: reuse another runner's loaded model and tokenizer (with a KV
+        cache of this config's own size) instead of loading the weights again."""
+        if share_weights is None:
+            source = resolve_model(config.model)
+            self.device = resolve_device(config.device)
+            self.dtype = resolve_dtype(config.dtype, self.device)
+            self.tokenizer = load_tokenizer(source)
+            self.model = load_model(source, self.dtype, self.device, ATTN_NAME)
+            self.model_id = source.model_id
+        else:
+            for name in ("device", "dtype", "tokenizer", "model", "model_id"):
+                setattr(self, name, getattr(share_weights, name))
         text_cfg = self.model.config.get_text_config()
         n_heads = text_cfg.num_attention_heads
         n_kv = getattr(text_cfg, "num_key_value_heads", None) or n_heads

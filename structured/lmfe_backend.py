@@ -38,6 +38,38 @@ def build_tokenizer_data(tokenizer, vocab_size: int, eos_token_ids: list[int]
     return TokenEnforcerTokenizerData(regular, decode, list(eos_token_ids), True, vocab_size)
 
 
+# Keywords lm-format-enforcer parses but does not enforce: a schema using them could yield
+# output that fails validation, so such a schema is refused instead of silently loosened.
+# ("const" is in the list because 0.11.3 was seen to allow EOS inside the next key.)
+UNENFORCED_KEYWORDS = frozenset({
+    "const",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "format",
+    "not", "if", "then", "else", "allOf", "oneOf", "uniqueItems", "minProperties",
+    "maxProperties", "patternProperties", "dependentRequired", "dependentSchemas",
+    "contains", "prefixItems",
+})
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
+
+
+def unenforced_keywords(schema) -> set[str]:
+    """Keywords in ``schema`` (at any depth) that lm-format-enforcer would not enforce."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in UNENFORCED_KEYWORDS:
+                    found.add(key)
+                if key in _SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif key not in ("enum", "const", "default", "examples", "required"):
+                    stack.append(value)
+    return found
+
+
 class LMFEGrammar:
     """State is the output so far: the enforcer caches one parser state per prefix, so
     rollback is just forgetting tokens."""
@@ -129,6 +161,10 @@ class LMFEBackend:
                 schema = json.loads(spec.value)
                 if not isinstance(schema, dict):
                     raise ValueError("a JSON schema must be a JSON object")
+                unenforced = unenforced_keywords(schema)
+                if unenforced:
+                    raise ValueError(f"{self.name} cannot enforce {sorted(unenforced)}; use "
+                                     "xgrammar (or auto) for this schema")
                 parser: CharacterLevelParser = JsonSchemaParser(schema)
             elif spec.kind == "json_object":
                 parser = JsonSchemaParser({"type": "object"})

@@ -8,7 +8,6 @@ import torch
 
 from engine.async_engine import AsyncEngine
 from engine.attention import ATTN_NAME
-from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
@@ -30,8 +29,8 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model="default", max_model_len=512))
+def engine(real_engine) -> LLMEngine:
+    return real_engine
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,111 @@
+"""Structured output over gRPC on a tiny model: bad specs fail alone, bounds hold."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import grpc
+import pytest
+
+from engine.config import EngineConfig
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from structured.manager import StructuredConfig
+from tests.service.conftest import start_server, stop_server
+
+XG = pb.STRUCTURED_BACKEND_XGRAMMAR
+LMFE = pb.STRUCTURED_BACKEND_LM_FORMAT_ENFORCER
+# ~12 KB of patterned fields: xgrammar needs seconds to compile it (measured ~3 s).
+SLOW_SCHEMA = json.dumps({"type": "object", "required": [f"f{i}" for i in range(150)],
+                          "properties": {f"f{i}": {"type": "string", "pattern":
+                                                   f"[a-z]{{1,{i % 20 + 1}}}[0-9]{{2,{i % 7 + 3}}}"}
+                                         for i in range(150)}})
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    running, thread = start_server(
+        EngineConfig(model=str(tiny_model_dir), max_model_len=256),
+        structured=StructuredConfig(compile_timeout_s=0.5, max_spec_bytes=16_000))
+    yield running
+    stop_server(running, thread)
+
+
+@pytest.fixture
+def stub(server):
+    with grpc.insecure_channel(server.address) as ch:
+        yield pb_grpc.GenerationServiceStub(ch)
+
+
+def req(so: pb.StructuredOutput, prompt="Answer:", max_new=24) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt=prompt, structured_output=so,
+                              stopping=pb.StoppingCriteria(max_new_tokens=max_new))
+
+
+def test_model_info_lists_backends_and_kinds(stub):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert list(info.structured_backends) == ["xgrammar", "lm-format-enforcer"]
+    kinds = {b.name: set(b.kinds) for b in info.structured_backend_info}
+    assert kinds["xgrammar"] == {"json_schema", "json_object", "regex", "choice", "grammar"}
+    assert "grammar" not in kinds["lm-format-enforcer"]
+
+
+@pytest.mark.parametrize("backend", [XG, LMFE, pb.STRUCTURED_BACKEND_UNSPECIFIED])
+def test_choice_and_regex_hold_even_for_a_random_model(stub, backend):
+    choices = ["alpha", "beta", "gamma delta"]
+    for i in range(3):
+        r = stub.Generate(req(pb.StructuredOutput(choice=pb.ChoiceList(choices=choices),
+                                                  backend=backend), prompt=f"Pick {i}"))
+        assert r.completions[0].text in choices
+        assert r.completions[0].finish_reason == pb.FINISH_REASON_EOS
+    r = stub.Generate(req(pb.StructuredOutput(regex=r"[0-9]{2}-[a-z]{3}", backend=backend)))
+    assert re.fullmatch(r"[0-9]{2}-[a-z]{3}", r.completions[0].text)
+
+
+def test_stream_of_a_constrained_request_matches_unary(stub):
+    r = req(pb.StructuredOutput(regex=r"(ab|cd){3}x"))
+    unary = stub.Generate(r).completions[0].text
+    streamed = "".join(m.text for m in stub.GenerateStream(pb.GenerateStreamRequest(request=r)))
+    assert streamed == unary and re.fullmatch(r"(ab|cd){3}x", unary)
+
+
+BAD = [
+    (pb.StructuredOutput(json_schema="{not json"), "json_schema"),
+    (pb.StructuredOutput(json_schema="   "), "json_schema"),
+    (pb.StructuredOutput(regex="(unclosed", backend=LMFE), "regex"),
+    (pb.StructuredOutput(regex="(unclosed", backend=XG), "regex"),
+    (pb.StructuredOutput(grammar="root ::= ", backend=XG), "grammar"),
+    (pb.StructuredOutput(grammar='root ::= "a"', backend=LMFE),
+     "backend lm-format-enforcer does not support kind 'grammar'"),
+    (pb.StructuredOutput(choice=pb.ChoiceList()), "choice"),
+    (pb.StructuredOutput(json_object=False), "json_object"),
+    (pb.StructuredOutput(json_schema=json.dumps({"type": "integer", "maximum": 3}),
+                         backend=LMFE), "cannot enforce"),
+    (pb.StructuredOutput(json_schema=json.dumps({"type": "string",
+                                                 "description": "x" * 20_000})), "limit"),
+    (pb.StructuredOutput(json_schema=SLOW_SCHEMA, backend=XG), "longer than"),
+]
+
+
+def test_invalid_specs_fail_alone_inside_a_batch(stub):
+    good = [req(pb.StructuredOutput(choice=pb.ChoiceList(choices=["yes", "no"]))),
+            pb.GenerateRequest(prompt="free text", stopping=pb.StoppingCriteria(max_new_tokens=5))]
+    items = good + [req(so) for so, _ in BAD]
+    resp = stub.GenerateBatch(pb.GenerateBatchRequest(requests=items))
+    assert resp.results[0].response.completions[0].text in ("yes", "no")
+    assert len(resp.results[1].response.completions[0].token_ids or [1]) > 0
+    for r, (_, needle) in zip(resp.results[2:], BAD, strict=True):
+        assert r.WhichOneof("outcome") == "error", needle
+        assert r.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert needle in r.error.message, r.error.message
+        assert "structured_output" in r.error.message
+
+
+def test_compile_cache_reuses_one_factory(server, stub):
+    so = server.server.servicer.structured
+    before = so.stats.compiles
+    for _ in range(3):
+        stub.Generate(req(pb.StructuredOutput(regex=r"z{2}[0-9]", backend=XG)))
+    assert so.stats.compiles - before == 1
+    assert so.stats.cache_hits >= 2
