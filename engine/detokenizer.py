@@ -1,46 +1,94 @@
-"""Incremental detokenization: each new token costs a small window decode, never the
-whole output.
+"""Incremental detokenization: each new token costs one decode of a short window of ids,
+never a decode of the whole output.
 
-Byte-level BPE tokens do not map 1:1 to text (a character may span tokens; leading spaces
-depend on the previous token), so we decode a short window ``ids[prefix:]`` and emit what
-it adds beyond ``ids[prefix:read]``, holding text back while it ends in an incomplete
-UTF-8 sequence (the replacement character), as vLLM does.
+Tokens do not map 1:1 to text: a character may be split over several byte-level tokens,
+and whether a token starts with a space can depend on the token before it (SentencePiece
+strips the leading space of the first token it decodes). So, as vLLM's
+``detokenize_incrementally`` does, we keep two offsets into the ids:
+
+* ``prefix_offset``: start of the window; the tokens in ``[prefix_offset, read_offset)``
+  are already emitted and only serve as left context;
+* ``read_offset``: end of the emitted tokens.
+
+Each step decodes ``ids[prefix_offset:]`` and emits what it adds beyond the (cached) text of
+``ids[prefix_offset:read_offset]``. While the window's text ends in U+FFFD the last
+character is probably incomplete UTF-8, so we emit nothing and wait for more tokens.
+
+Tokenizer clean-up heuristics (``clean_up_tokenization_spaces``) are never applied: they
+rewrite text across token boundaries (" ." -> ".") and would make the stream depend on how
+it was chunked. For a tokenizer whose ``decode`` cleans up by default, the streamed text
+equals ``decode(..., clean_up_tokenization_spaces=False)``.
 """
 
 from __future__ import annotations
 
-PROMPT_CONTEXT = 5  # prompt tokens kept as left context for the first output token
+from typing import Any
+
+REPLACEMENT_CHAR = "\ufffd"
+
+# Prompt tokens kept as left context, so the first output token gets its leading space right.
+PROMPT_CONTEXT = 5
+
+# Longest run of tokens we wait on while the text ends in U+FFFD. A real character is at
+# most 4 UTF-8 bytes (so at most 4 tokens); a longer run is invalid bytes, which we then
+# emit as U+FFFD so the window, and the cost per token, stay bounded.
+MAX_PENDING_TOKENS = 16
+
+# Emitted tokens dropped from the front of the id list once this many pile up (amortised
+# O(1) per token; the list never holds more than a window plus this much).
+TRIM_AT = 32
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, prompt_token_ids: list[int],
+    """Turns one sequence's output tokens into text, one token at a time."""
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self.ids = list(prompt_token_ids[-PROMPT_CONTEXT:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
-        self._special = set(tokenizer.all_special_ids) if skip_special_tokens else set()
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT:])
+        self._prefix_offset = 0
+        self._read_offset = len(self._ids)
+        # Text of ids[prefix_offset:read_offset]: decoded once per advance, not per step.
+        self._prefix_len = len(self._decode(self._ids))
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        if not ids:
+            return ""
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens,
+                                      clean_up_tokenization_spaces=False)
 
     def step(self, token_id: int) -> str:
-        """Append one token; return the text it completes ('' while a character is partial)."""
-        if token_id in self._special:
+        """Append one token; return the newly decodable text.
+
+        Returns '' while a multi-byte UTF-8 character is incomplete (the text comes with
+        the token that completes it) and for tokens that decode to nothing (special tokens
+        when ``skip_special_tokens``).
+        """
+        self._ids.append(token_id)
+        text = self._decode(self._ids[self._prefix_offset:])
+        if len(self._ids) - self._read_offset >= MAX_PENDING_TOKENS:
+            return self._advance(text)
+        if len(text) <= self._prefix_len or text.endswith(REPLACEMENT_CHAR):
+            # Nothing new yet. Not advancing keeps the emitted tokens as left context.
             return ""
-        self.ids.append(token_id)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset:])
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            new = full[len(prefix):]
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.ids)
-            if self.prefix_offset > 64:  # keep the window (and the list) small
-                drop = self.prefix_offset
-                self.ids = self.ids[drop:]
-                self.prefix_offset -= drop
-                self.read_offset -= drop
-            return new
-        return ""
+        return self._advance(text)
+
+    def flush(self) -> str:
+        """Text still held back (an incomplete character at the very end), as ``decode``
+        renders it (U+FFFD). Called once the sequence is finished."""
+        if self._read_offset == len(self._ids):
+            return ""
+        return self._advance(self._decode(self._ids[self._prefix_offset:]))
+
+    def _advance(self, text: str) -> str:
+        """Emit ``text``'s new part; the tokens just read become the next left context."""
+        new = text[self._prefix_len:]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        self._prefix_len = len(self._decode(self._ids[self._prefix_offset:self._read_offset]))
+        if self._prefix_offset >= TRIM_AT:
+            del self._ids[:self._prefix_offset]
+            self._read_offset -= self._prefix_offset
+            self._prefix_offset = 0
+        return new
