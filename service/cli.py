@@ -23,6 +23,23 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={low}"
+    return parse
+
+
+positive_int, non_negative_int = _int_at_least(1), _int_at_least(0)
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="run the gRPC server",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -30,28 +47,30 @@ def _serve_parser(sub) -> None:
     p.add_argument("--model", default=e.model,
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M)")
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=50051)
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--port", type=non_negative_int, default=50051, help="0 = any free port")
+    p.add_argument("--max-model-len", type=positive_int, default=None,
                    help="context length (default: min(model's, 4096))")
-    p.add_argument("--max-num-seqs", type=int, default=e.max_num_seqs,
+    p.add_argument("--max-num-seqs", type=positive_int, default=e.max_num_seqs,
                    help="sequences running in one step")
-    p.add_argument("--max-num-batched-tokens", type=int, default=e.max_num_batched_tokens,
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=e.max_num_batched_tokens,
                    help="token budget of one step (longer prompts are prefilled in chunks)")
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=e.kv_cache_memory,
                    help="memory for the KV cache, e.g. 2GiB")
-    p.add_argument("--block-size", type=int, default=e.block_size, help="tokens per KV block")
+    p.add_argument("--block-size", type=positive_int, default=e.block_size,
+                   help="tokens per KV block")
     p.add_argument("--dtype", default=e.dtype, help="auto|float32|bfloat16|float16")
     p.add_argument("--device", default=e.device, help="auto|cpu|cuda|cuda:N")
-    p.add_argument("--max-waiting", type=int, default=e.max_waiting,
+    p.add_argument("--max-waiting", type=positive_int, default=e.max_waiting,
                    help="waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED")
-    p.add_argument("--default-max-new-tokens", type=int,
+    p.add_argument("--default-max-new-tokens", type=positive_int,
                    default=limits.default_max_new_tokens,
                    help="max_new_tokens when a request leaves it unset")
-    p.add_argument("--max-batch-size", type=int, default=limits.max_batch_size,
+    p.add_argument("--max-batch-size", type=positive_int, default=limits.max_batch_size,
                    help="most items in one GenerateBatch call")
-    p.add_argument("--max-n", type=int, default=limits.max_n, help="most completions per request")
-    p.add_argument("--max-top-logprobs", type=int, default=limits.max_top_logprobs)
-    p.add_argument("--max-stop-sequences", type=int, default=limits.max_stop_sequences)
+    p.add_argument("--max-n", type=positive_int, default=limits.max_n,
+                   help="most completions per request")
+    p.add_argument("--max-top-logprobs", type=non_negative_int, default=limits.max_top_logprobs)
+    p.add_argument("--max-stop-sequences", type=non_negative_int, default=limits.max_stop_sequences)
     p.add_argument("--drain-grace-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight calls may take to finish")
     p.add_argument("--processor-plugin", action="append", default=[], metavar="MODULE:CLASS",
@@ -86,7 +105,11 @@ def _run_serve(args) -> int:
     config = ServerConfig(host=args.host, port=args.port,
                           drain_grace_s=args.drain_grace_seconds, limits=limits, engine=engine,
                           processor_plugins=args.processor_plugin)
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except Exception:
+        logging.getLogger("genserve").exception("the server failed")
+        return 1
     return 0
 
 

@@ -64,13 +64,18 @@ class GenServer:
              reflection.SERVICE_NAME), self.server)
         self.port = 0
         self._stopped = asyncio.Event()
+        self._forced = False
+        self._drain_task: asyncio.Task | None = None
 
     async def _set_health(self, status) -> None:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
 
     async def start(self) -> int:
-        """Listen at once (health answers NOT_SERVING), then load, warm up, go SERVING."""
+        """Listen at once (health answers NOT_SERVING), then load, warm up, go SERVING.
+
+        A drain that begins while loading wins: the server never turns SERVING after it.
+        """
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if not self.port:
@@ -79,10 +84,13 @@ class GenServer:
         log.info("listening on %s:%d", self.config.host, self.port)
         if self.engine is None:
             start = time.perf_counter()
-            self.engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
+            engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
             log.info("engine ready in %.1fs: %s, max_model_len=%d",
-                     time.perf_counter() - start, self.engine.info.model_id,
-                     self.engine.info.max_model_len)
+                     time.perf_counter() - start, engine.info.model_id,
+                     engine.info.max_model_len)
+            if self.state.draining:
+                return self.port
+            self.engine = engine
         if not self.engine.is_running:
             self.engine.start()
         self.servicer.registry = PluginRegistry(
@@ -95,6 +103,8 @@ class GenServer:
                 StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
                 self.config.structured)
         await self.warm_up()
+        if self.state.draining:
+            return self.port
         self.servicer.engine = self.engine
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
@@ -116,22 +126,44 @@ class GenServer:
         self.state.draining = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         deadline = time.monotonic() + self.config.drain_grace_s
-        while self.state.in_flight and time.monotonic() < deadline:
+        while self.state.in_flight and time.monotonic() < deadline and not self._forced:
             await asyncio.sleep(0.05)
-        await self.server.stop(grace=max(0.0, deadline - time.monotonic()))
+        if self.state.in_flight:
+            log.warning("cancelling %d in-flight calls", self.state.in_flight)
+        # Only quick calls (health watches, Tokenize) can remain: a short grace suffices.
+        await self.server.stop(grace=0 if self._forced else
+                               min(1.0, max(0.0, deadline - time.monotonic())))
         if self.engine is not None:
             await self.engine.shutdown()
         self._stopped.set()
         log.info("stopped")
+
+    def on_signal(self) -> None:
+        """First SIGTERM/SIGINT drains gracefully; a second one cancels in-flight calls."""
+        if self.state.draining:
+            log.info("second signal: stopping now")
+            self._forced = True
+            return
+        self._drain_task = asyncio.ensure_future(self.drain())
 
     async def wait(self) -> None:
         await self._stopped.wait()
 
 
 async def serve(config: ServerConfig) -> None:
+    """Run until a signal drains the server (even mid start-up); a failed start re-raises."""
     server = GenServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(server.drain()))
-    await server.start()
-    await server.wait()
+        loop.add_signal_handler(sig, server.on_signal)
+    starting = asyncio.create_task(server.start())
+    stopped = asyncio.create_task(server.wait())
+    await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if starting.done() and starting.exception() is not None and not server.state.draining:
+        await server.drain()
+        raise starting.exception()
+    await stopped
+    if not starting.done():
+        starting.cancel()
+    elif not starting.cancelled() and starting.exception() is not None:
+        log.info("start-up interrupted by the shutdown: %s", starting.exception())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import grpc
@@ -115,11 +116,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         await self._attach_grammar(parsed)
         completions = [Completion(i) for i in range(parsed.params.n)]
         usage = Usage(prompt_tokens=len(parsed.prompt_token_ids))
-        async for out in self.engine.generate(parsed.request_id, parsed.prompt_token_ids,
-                                              parsed.params):
-            for d in out.deltas:
-                completions[d.index].add(d)
-            usage = out.usage
+        async with aclosing(self._stream(parsed)) as stream:
+            async for out in stream:
+                for d in out.deltas:
+                    completions[d.index].add(d)
+                usage = out.usage
         errors = [c.error for c in completions if c.finish_reason is FinishReason.ERROR]
         if errors:
             raise RequestFailed(grpc.StatusCode.INTERNAL, errors[0] or "generation failed")
@@ -131,6 +132,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             prompt_token_ids=(parsed.prompt_token_ids
                               if parsed.output.return_prompt_token_ids else []),
         )
+
+    def _stream(self, parsed: ParsedRequest):
+        """The engine's output stream; closing it (aclosing) aborts the request at once."""
+        return self.engine.generate(parsed.engine_request_id, parsed.prompt_token_ids,
+                                    parsed.params)
 
     async def _answer(self, context, coro):
         self.state.in_flight += 1
@@ -163,10 +169,6 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"requests has {len(items)} items; the limit is "
                                 f"{self.limits.max_batch_size}")
-        ids = [r.request_id for r in items if r.request_id]
-        if len(ids) != len(set(ids)):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "requests: request_id values must be unique within a batch")
 
         async def one(req: pb.GenerateRequest) -> pb.GenerateResponse:
             return await self._generate(self._parse(req))
@@ -194,20 +196,20 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             try:
                 parsed = self._parse(request.request)
                 await self._attach_grammar(parsed)
-                stream = self.engine.generate(parsed.request_id, parsed.prompt_token_ids,
-                                              parsed.params)
                 error: str | None = None
-                async for out in stream:
-                    msgs = [self._delta_pb(parsed, d) for d in out.deltas]
-                    for d in out.deltas:
-                        if d.finish_reason is FinishReason.ERROR:
-                            error = error or d.error
-                    if out.finished:
-                        if not msgs:
-                            msgs.append(pb.GenerateStreamResponse(request_id=parsed.request_id))
-                        msgs[-1].usage.CopyFrom(_usage_pb(out.usage))
-                    for m in msgs:
-                        yield m
+                async with aclosing(self._stream(parsed)) as stream:
+                    async for out in stream:
+                        msgs = [self._delta_pb(parsed, d) for d in out.deltas]
+                        for d in out.deltas:
+                            if d.finish_reason is FinishReason.ERROR:
+                                error = error or d.error
+                        if out.finished:
+                            if not msgs:
+                                msgs.append(pb.GenerateStreamResponse(
+                                    request_id=parsed.request_id))
+                            msgs[-1].usage.CopyFrom(_usage_pb(out.usage))
+                        for m in msgs:
+                            yield m
                 if error is not None:
                     raise RequestFailed(grpc.StatusCode.INTERNAL, error)
             except asyncio.CancelledError:

@@ -6,7 +6,6 @@ what only the edge knows (the proto's field names, the tokenizer, the server's l
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass
 
@@ -36,7 +35,8 @@ class ServiceLimits:
 
 @dataclass
 class ParsedRequest:
-    request_id: str
+    request_id: str  # echoed to the client: theirs, or a generated one
+    engine_request_id: str  # unique in the engine even when clients reuse an id
     prompt_token_ids: list[int]
     params: SamplingParams
     output: pb.OutputOptions
@@ -104,9 +104,13 @@ def _prompt_ids(req: pb.GenerateRequest, tokenizer, info: ModelInfo) -> list[int
                                       f"{sorted(CHAT_ROLES)}, got {m.role!r}")
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidArgument("chat: the served model has no chat template; send a prompt")
-        enc = tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.content} for m in msgs],
-            add_generation_prompt=req.chat.add_generation_prompt, tokenize=True)
+        try:
+            enc = tokenizer.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in msgs],
+                add_generation_prompt=req.chat.add_generation_prompt, tokenize=True)
+        except Exception as e:  # templates raise on conversations they do not support
+            raise InvalidArgument(f"chat.messages: the chat template rejected them: {e}") \
+                from None
         ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
     if not ids:
         raise InvalidArgument(f"{kind} tokenizes to no tokens")
@@ -128,6 +132,8 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     """``registry`` (a ``PluginRegistry``) resolves ``processors``; None = none allowed."""
     if len(req.request_id) > MAX_REQUEST_ID_LEN:
         raise InvalidArgument(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
+    if not req.request_id.isprintable():
+        raise InvalidArgument("request_id must contain only printable characters")
     structured = structured_spec(req.structured_output)
     if req.speculative.HasField("enabled") and req.speculative.enabled:
         raise InvalidArgument("speculative.enabled: speculative decoding is not enabled on "
@@ -171,13 +177,10 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     else:
         max_new = min(limits.default_max_new_tokens, room)
 
-    temperature = _float(s, "temperature", 0.0)
-    if math.isnan(temperature):
-        raise InvalidArgument("sampling.temperature must be a number, got NaN")
     try:
         params = SamplingParams(
             n=n,
-            temperature=temperature,
+            temperature=_float(s, "temperature", 0.0),  # unset = greedy, as in TGIS
             top_k=s.top_k if s.HasField("top_k") else 0,
             top_p=_float(s, "top_p", 1.0),
             min_p=_float(s, "min_p", 0.0),
@@ -201,4 +204,6 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
         msg = str(e)
         field = msg.split(" ", 1)[0].split("[", 1)[0]
         raise InvalidArgument(f"{_SECTION.get(field, 'sampling')}.{msg}") from None
-    return ParsedRequest(req.request_id or uuid.uuid4().hex, ids, params, out, structured)
+    request_id = req.request_id or uuid.uuid4().hex
+    engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if req.request_id else request_id
+    return ParsedRequest(request_id, engine_request_id, ids, params, out, structured)

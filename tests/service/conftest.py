@@ -1,9 +1,15 @@
-"""A real genserve gRPC server on 127.0.0.1 (ephemeral port) over a tiny random model."""
+"""A real genserve gRPC server on 127.0.0.1 (ephemeral port), over either engine.
+
+Service tests are engine-agnostic: ``engine_kind`` runs each module once on the fake echo
+engine (fast, deterministic, see ``fake_engine.py``) and once on the real ``AsyncEngine``
+over a tiny random model.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -14,6 +20,10 @@ from engine.config import EngineConfig
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.server import GenServer, ServerConfig
 from service.validation import ServiceLimits
+from tests.service.fake_engine import FakeEngine
+
+ENGINE_KINDS = ("fake", "real")
+MAX_MODEL_LEN = 256
 
 
 @dataclass
@@ -21,6 +31,7 @@ class RunningServer:
     address: str
     server: GenServer
     loop: asyncio.AbstractEventLoop
+    thread: threading.Thread | None = None  # the loop's thread
 
     def call(self, coro_fn, timeout: float = 30.0):
         """Run ``coro_fn()`` on the server's loop and wait for its result."""
@@ -31,36 +42,80 @@ class RunningServer:
         return self.server.engine.stats()
 
 
-def start_server(engine_config: EngineConfig, limits: ServiceLimits | None = None,
-                 **server_kw) -> tuple[RunningServer, threading.Thread]:
+def new_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
+    """An event loop in a daemon thread: the server runs there, the test calls it."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    config = ServerConfig(host="127.0.0.1", port=0, limits=limits or ServiceLimits(
-        max_batch_size=32, max_n=4), engine=engine_config, **server_kw)
+    return loop, thread
 
-    async def boot():
-        engine = await asyncio.to_thread(AsyncEngine.from_config, engine_config)
-        server = GenServer(config, engine)
+
+def start_server(engine, limits: ServiceLimits | None = None, structured_outputs=None,
+                 **server_kw) -> tuple[RunningServer, threading.Thread]:
+    """Serve ``engine`` (an engine not yet started, or an EngineConfig for a real one).
+
+    ``server_kw`` go to ServerConfig (``structured=None`` turns structured output off);
+    ``structured_outputs``, a StructuredOutputs built once, saves seconds per server.
+    """
+    loop, thread = new_loop()
+    config = ServerConfig(host="127.0.0.1", port=0, limits=limits or ServiceLimits(
+        max_batch_size=32, max_n=4), **server_kw)
+
+    async def boot():  # grpc.aio objects belong to the loop they are created on
+        built = engine
+        if isinstance(engine, EngineConfig):
+            built = await asyncio.to_thread(AsyncEngine.from_config, engine)
+        server = GenServer(config, built)
+        server.servicer.structured = structured_outputs
         await server.start()
         return server
 
     server = asyncio.run_coroutine_threadsafe(boot(), loop).result(120)
-    return RunningServer(f"127.0.0.1:{server.port}", server, loop), thread
+    return RunningServer(f"127.0.0.1:{server.port}", server, loop, thread), thread
 
 
-def stop_server(running: RunningServer, thread: threading.Thread) -> None:
+def stop_server(running: RunningServer, thread: threading.Thread | None = None) -> None:
     running.call(running.server.drain)
     running.loop.call_soon_threadsafe(running.loop.stop)
-    thread.join(10)
+    if thread or running.thread:
+        (thread or running.thread).join(10)
+
+
+@pytest.fixture(scope="module", params=ENGINE_KINDS)
+def engine_kind(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def grpc_server(tiny_model_dir):
-    running, thread = start_server(EngineConfig(model=str(tiny_model_dir), max_model_len=256,
-                                                max_waiting=64))
+def make_engine(engine_kind, tiny_model_dir, tokenizer) -> Callable[..., object]:
+    """``make_engine(**EngineConfig fields)`` -> a not-yet-started engine of the kind."""
+
+    def make(**config_kw):
+        config_kw.setdefault("max_model_len", MAX_MODEL_LEN)
+        config = EngineConfig(model=str(tiny_model_dir), **config_kw)
+        if engine_kind == "fake":
+            return FakeEngine(tokenizer, config)
+        return AsyncEngine.from_config(config)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def structured_outputs(tokenizer):
+    """Built once (it costs seconds): grammar compilation for every server in the session."""
+    from structured.manager import StructuredConfig, StructuredOutputs
+
+    outputs = StructuredOutputs(tokenizer, len(tokenizer), [tokenizer.eos_token_id],
+                                StructuredConfig())
+    yield outputs
+    outputs.close()
+
+
+@pytest.fixture(scope="module")
+def grpc_server(make_engine, structured_outputs):
+    running, _ = start_server(make_engine(max_waiting=64), structured_outputs=structured_outputs)
     yield running
-    stop_server(running, thread)
+    stop_server(running)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The gRPC API over real localhost sockets, on a tiny random model."""
+"""The gRPC API over real localhost sockets, on the fake engine and on a tiny random model."""
 
 from __future__ import annotations
 
@@ -11,12 +11,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.server import GenServer, ServerConfig
-from tests.service.conftest import start_server, stop_server
+from tests.service.conftest import MAX_MODEL_LEN, new_loop, start_server, stop_server
 
 Code = grpc.StatusCode
 
@@ -33,6 +31,11 @@ def wait_until(pred, timeout=10.0):
             return True
         time.sleep(0.02)
     return False
+
+
+def _kv_freed(server) -> bool:
+    return wait_until(lambda: server.stats.kv_blocks_used == 0
+                      and server.stats.num_requests == 0)
 
 
 def test_generate_returns_text_tokens_usage(stub):
@@ -127,6 +130,10 @@ def test_health_serving_and_reflection(grpc_server):
             reflection_pb2.ServerReflectionRequest(list_services="")])))
         names = {s.name for s in resp.list_services_response.service}
         assert {"genserve.v1.GenerationService", "grpc.health.v1.Health"} <= names
+        # what grpcurl asks next: the descriptors of a service, to build requests
+        resp = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="genserve.v1.GenerationService")])))
+        assert resp.file_descriptor_response.file_descriptor_proto
 
 
 INVALID = [
@@ -160,7 +167,10 @@ INVALID = [
      "stop_token_ids"),
     (req(stopping=pb.StoppingCriteria(max_new_tokens=4, min_new_tokens=9)), "min_new_tokens"),
     (req(request_id="x" * 300), "request_id"),
-    (req(structured_output=pb.StructuredOutput(regex="a+")), "structured_output"),
+    (req(structured_output=pb.StructuredOutput(regex="")), "structured_output.regex"),
+    (req(structured_output=pb.StructuredOutput(regex="([a-")), "structured_output.regex"),
+    (req(structured_output=pb.StructuredOutput(choice=pb.ChoiceList())),
+     "structured_output.choice"),
     (req(speculative=pb.SpeculativeOptions(enabled=True)), "speculative"),
     (req(processors=[pb.ProcessorRef(name="nope")]), "processors[0]"),
 ]
@@ -191,8 +201,7 @@ def test_deadline_exceeded_aborts_and_frees_kv(grpc_server, stub):
     with pytest.raises(grpc.RpcError) as e:
         stub.Generate(_long(), timeout=0.3)
     assert e.value.code() == Code.DEADLINE_EXCEEDED
-    assert wait_until(lambda: grpc_server.stats.kv_blocks_used == 0
-                      and grpc_server.stats.num_requests == 0)
+    assert _kv_freed(grpc_server)
 
 
 def test_cancelling_a_stream_aborts_and_frees_kv(grpc_server, stub):
@@ -200,8 +209,68 @@ def test_cancelling_a_stream_aborts_and_frees_kv(grpc_server, stub):
     next(call)
     assert grpc_server.stats.kv_blocks_used > 0
     call.cancel()
-    assert wait_until(lambda: grpc_server.stats.kv_blocks_used == 0
-                      and grpc_server.stats.num_requests == 0)
+    assert _kv_freed(grpc_server)
+
+
+def test_stream_deadline_exceeded_aborts_and_frees_kv(grpc_server, stub):
+    with pytest.raises(grpc.RpcError) as e:
+        for _ in stub.GenerateStream(pb.GenerateStreamRequest(request=_long()), timeout=0.3):
+            pass
+    assert e.value.code() == Code.DEADLINE_EXCEEDED
+    assert _kv_freed(grpc_server)
+
+
+def test_batch_deadline_aborts_every_item(grpc_server, stub):
+    with pytest.raises(grpc.RpcError) as e:
+        stub.GenerateBatch(pb.GenerateBatchRequest(requests=[_long()] * 4), timeout=0.3)
+    assert e.value.code() == Code.DEADLINE_EXCEEDED
+    assert _kv_freed(grpc_server)
+
+
+def test_cancelling_a_unary_call_aborts_and_frees_kv(grpc_server, stub):
+    call = stub.Generate.future(_long())
+    assert wait_until(lambda: grpc_server.stats.kv_blocks_used > 0)
+    call.cancel()
+    assert _kv_freed(grpc_server)
+
+
+def test_request_ids_are_echoed_and_may_repeat(stub):
+    items = [req(request_id="same"), req(request_id="same"), req()]
+    resp = stub.GenerateBatch(pb.GenerateBatchRequest(requests=items))
+    ids = [r.response.request_id for r in resp.results]
+    assert ids[:2] == ["same", "same"] and ids[2] and ids[2] != "same"
+    calls = [stub.Generate.future(req(request_id="twin")) for _ in range(2)]
+    assert [c.result(30).request_id for c in calls] == ["twin", "twin"]
+
+
+def test_unset_max_new_tokens_is_clipped_to_the_room_left(stub):
+    r = req("Hello world", stopping=pb.StoppingCriteria(ignore_eos=True),
+            output=pb.OutputOptions(return_prompt_token_ids=True))
+    resp = stub.Generate(r)  # the server default (256) exceeds the room left
+    assert resp.usage.completion_tokens == MAX_MODEL_LEN - len(resp.prompt_token_ids)
+    assert resp.completions[0].finish_reason == pb.FINISH_REASON_LENGTH
+
+
+def test_stop_sequence_is_reported(stub):
+    free = stub.Generate(req("Once upon a time", max_new=24)).completions[0].text
+    stop = free[len(free) // 2:len(free) // 2 + 2]
+    r = req("Once upon a time", stopping=pb.StoppingCriteria(
+        max_new_tokens=24, ignore_eos=True, stop_sequences=[stop]))
+    c = stub.Generate(r).completions[0]
+    assert c.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE and c.stop_sequence == stop
+    assert c.text == free[:free.index(stop)]
+
+
+def test_logprobs_are_returned_per_token(stub):
+    c = stub.Generate(req(output=pb.OutputOptions(
+        logprobs=True, top_logprobs=3, return_token_ids=True))).completions[0]
+    assert [lp.token_id for lp in c.logprobs] == list(c.token_ids)
+    assert all(len(lp.top) == 3 and lp.logprob <= 0 for lp in c.logprobs)
+
+
+def test_speculative_disabled_is_accepted(stub):
+    r = req(speculative=pb.SpeculativeOptions(enabled=False))
+    assert stub.Generate(r).usage.completion_tokens == 8
 
 
 def test_time_limit_finishes_with_time_limit(stub):
@@ -211,9 +280,8 @@ def test_time_limit_finishes_with_time_limit(stub):
     assert resp.completions[0].finish_reason == pb.FINISH_REASON_TIME_LIMIT
 
 
-def test_queue_full_is_resource_exhausted(tiny_model_dir):
-    running, thread = start_server(EngineConfig(
-        model=str(tiny_model_dir), max_model_len=256, max_num_seqs=1, max_waiting=1))
+def test_queue_full_is_resource_exhausted(make_engine):
+    running, _ = start_server(make_engine(max_num_seqs=1, max_waiting=1), structured=None)
     try:
         with grpc.insecure_channel(running.address) as ch:
             stub = pb_grpc.GenerationServiceStub(ch)
@@ -224,14 +292,17 @@ def test_queue_full_is_resource_exhausted(tiny_model_dir):
             with pytest.raises(grpc.RpcError) as e:
                 stub.Generate(_long())
             assert e.value.code() == Code.RESOURCE_EXHAUSTED
+            batch = stub.GenerateBatch(pb.GenerateBatchRequest(requests=[_long()]))
+            assert batch.results[0].error.code == Code.RESOURCE_EXHAUSTED.value[0]
             first.cancel()
             second.cancel()
+            assert wait_until(lambda: running.stats.num_requests == 0)
     finally:
-        stop_server(running, thread)
+        stop_server(running)
 
 
-def test_drain_finishes_in_flight_work_and_refuses_new_calls(tiny_model_dir):
-    running, thread = start_server(EngineConfig(model=str(tiny_model_dir), max_model_len=256))
+def test_drain_finishes_in_flight_work_and_refuses_new_calls(make_engine):
+    running, _ = start_server(make_engine(), structured=None)
     with grpc.insecure_channel(running.address) as ch:
         stub = pb_grpc.GenerationServiceStub(ch)
         health = health_pb2_grpc.HealthStub(ch)
@@ -239,20 +310,37 @@ def test_drain_finishes_in_flight_work_and_refuses_new_calls(tiny_model_dir):
         assert wait_until(lambda: running.stats.num_running == 1)
         drained = asyncio.run_coroutine_threadsafe(running.server.drain(), running.loop)
         assert wait_until(lambda: running.server.state.draining)
-        assert health.Check(health_pb2.HealthCheckRequest()).status == \
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", "genserve.v1.GenerationService"):
+            assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(grpc.RpcError) as e:
             stub.Generate(req())
         assert e.value.code() == Code.UNAVAILABLE
         resp = in_flight.result(60)
-        assert len(resp.completions[0].text) > 0
         assert resp.completions[0].finish_reason == pb.FINISH_REASON_LENGTH
+        assert resp.usage.completion_tokens == 120
         drained.result(60)
     running.loop.call_soon_threadsafe(running.loop.stop)
-    thread.join(10)
+    running.thread.join(10)
 
 
-def test_health_is_not_serving_until_warm_up_ran(tiny_model_dir):
+def test_drain_cancels_what_outlives_the_grace_period(make_engine):
+    running, _ = start_server(make_engine(), drain_grace_s=0.3, structured=None)
+    with grpc.insecure_channel(running.address) as ch:
+        call = pb_grpc.GenerationServiceStub(ch).GenerateStream(
+            pb.GenerateStreamRequest(request=_long()))
+        next(call)
+        start = time.monotonic()
+        running.call(running.server.drain)
+        assert time.monotonic() - start < 5
+        with pytest.raises(grpc.RpcError) as e:
+            list(call)
+        assert e.value.code() in (Code.CANCELLED, Code.UNAVAILABLE)
+    running.loop.call_soon_threadsafe(running.loop.stop)
+    running.thread.join(10)
+
+
+def test_health_is_not_serving_until_warm_up_ran(make_engine):
     release = threading.Event()
 
     class SlowWarmUp(GenServer):
@@ -260,21 +348,20 @@ def test_health_is_not_serving_until_warm_up_ran(tiny_model_dir):
             await asyncio.to_thread(release.wait, 30)
             await super().warm_up()
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir)))
+    loop, thread = new_loop()
+    engine = make_engine()
 
     async def make():  # grpc.aio objects belong to the loop they are created on
-        return SlowWarmUp(ServerConfig(host="127.0.0.1", port=0), engine)
+        return SlowWarmUp(ServerConfig(host="127.0.0.1", port=0, structured=None), engine)
 
     server = asyncio.run_coroutine_threadsafe(make(), loop).result(10)
     started = asyncio.run_coroutine_threadsafe(server.start(), loop)
     assert wait_until(lambda: server.port != 0)
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         health = health_pb2_grpc.HealthStub(ch)
-        assert health.Check(health_pb2.HealthCheckRequest()).status == \
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", "genserve.v1.GenerationService"):
+            assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(grpc.RpcError) as e:
             pb_grpc.GenerationServiceStub(ch).Generate(req())
         assert e.value.code() == Code.UNAVAILABLE
@@ -282,6 +369,7 @@ def test_health_is_not_serving_until_warm_up_ran(tiny_model_dir):
         started.result(30)
         assert health.Check(health_pb2.HealthCheckRequest()).status == \
             health_pb2.HealthCheckResponse.SERVING
+        assert pb_grpc.GenerationServiceStub(ch).Generate(req()).usage.completion_tokens == 8
     asyncio.run_coroutine_threadsafe(server.drain(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)

@@ -7,7 +7,6 @@ import json
 import grpc
 import pytest
 
-from engine.config import EngineConfig
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from tests.service.conftest import start_server, stop_server
@@ -18,11 +17,10 @@ PLUGINS = ["tests.service.plugin_fixtures:RecorderPlugin",
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    running, thread = start_server(EngineConfig(model=str(tiny_model_dir), max_model_len=256),
-                                   processor_plugins=PLUGINS)
+def server(make_engine):
+    running, _ = start_server(make_engine(), processor_plugins=PLUGINS, structured=None)
     yield running
-    stop_server(running, thread)
+    stop_server(running)
 
 
 @pytest.fixture

@@ -1,0 +1,98 @@
+"""``genserve`` CLI: flag parsing, and a real ``genserve serve`` process drained by SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.cli import main, parse_bytes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("2GiB", 2 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
+    ("1000000", 1_000_000), (" 64 kib ", 64 * 1024),
+])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "--kv-cache-memory", "lots"],
+    ["serve", "--max-n", "0"],
+    ["serve", "--max-num-seqs", "-1"],
+    ["serve", "--port", "http"],
+])
+def test_bad_flags_exit_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _health(ch) -> int | None:
+    try:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                    timeout=1).status
+    except grpc.RpcError:
+        return None
+
+
+def test_sigterm_drains_a_real_server_process(tiny_model_dir, tmp_path):
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{REPO}:{REPO / 'protos'}"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_dir),
+             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+             "--kv-cache-memory", "16MiB", "--drain-grace-seconds", "60"],
+            cwd=REPO, env=env, stdout=out, stderr=out)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            end = time.monotonic() + 180
+            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
+                assert proc.poll() is None and time.monotonic() < end, log.read_text()
+                time.sleep(0.2)
+            stub = pb_grpc.GenerationServiceStub(ch)
+            stream = stub.GenerateStream(pb.GenerateStreamRequest(request=pb.GenerateRequest(
+                prompt="Tell me a story", stopping=pb.StoppingCriteria(
+                    max_new_tokens=80, min_new_tokens=80))), timeout=120)
+            first = next(stream)
+            proc.send_signal(signal.SIGTERM)
+            end = time.monotonic() + 10
+            while _health(ch) != health_pb2.HealthCheckResponse.NOT_SERVING:
+                assert time.monotonic() < end, log.read_text()
+                time.sleep(0.05)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Generate(pb.GenerateRequest(prompt="too late"), timeout=10)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            rest = list(stream)
+            assert rest[-1].finish_reason == pb.FINISH_REASON_LENGTH
+            assert rest[-1].usage.completion_tokens == 80
+            assert len(first.token_ids) + sum(len(m.token_ids) for m in rest) == 80
+        assert proc.wait(60) == 0, log.read_text()
+        text = log.read_text()
+        assert "warm-up generation took" in text and "draining" in text and "stopped" in text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
