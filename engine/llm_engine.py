@@ -231,12 +231,21 @@ class LLMEngine:
             logits = logits[keep.to(logits.device)]
         if not seqs:
             return
+        banned = [self._banned(s) for s in seqs]
+        for i, seq in enumerate(seqs):
+            # min_new_tokens bans EOS/stop ids, but never every token a processor left open
+            # (a grammar that can only end): the processor's end wins over the minimum.
+            if banned[i] and seq.processors:
+                finite = torch.isfinite(logits[i])
+                if int(finite.sum()) <= int(finite[banned[i]].sum()):
+                    banned[i] = []
+                    seq.output.min_new_tokens = 0
         meta = SamplingMetadata.build(
             [s.request.params for s in seqs],
             [s.prompt_token_ids for s in seqs],
             [s.output_token_ids for s in seqs],
             [s.generator for s in seqs],
-            [self._banned(s) for s in seqs],
+            banned,
             logits.device,
         )
         out = self.sampler(logits, meta)
@@ -246,7 +255,7 @@ class LLMEngine:
 
     def _banned(self, seq: Sequence) -> list[int]:
         params = seq.request.params
-        if len(seq.output_token_ids) >= params.min_new_tokens:
+        if len(seq.output_token_ids) >= seq.output.min_new_tokens:
             return []
         banned = list(params.stop_token_ids)
         if not params.ignore_eos:

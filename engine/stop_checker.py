@@ -48,6 +48,8 @@ class OutputState:
         self.detokenizer = detokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.max_new_tokens = max_new_tokens
+        # The engine zeroes this when a processor (a grammar) can only end the output.
+        self.min_new_tokens = params.min_new_tokens
         self.num_tokens = 0  # tokens kept so far
         self.finish_reason: FinishReason | None = None
         self._stop_token_ids = set(params.stop_token_ids)
@@ -77,7 +79,7 @@ class OutputState:
         for tok in token_ids:
             kept.append(tok)
             self.num_tokens += 1
-            may_stop = self.num_tokens > params.min_new_tokens
+            may_stop = self.num_tokens > self.min_new_tokens
             if may_stop and tok in self.eos_token_ids and not params.ignore_eos:
                 return self._end(kept, buf, sent, FinishReason.EOS)
             if may_stop and tok in self._stop_token_ids:

@@ -135,6 +135,9 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     if not req.request_id.isprintable():
         raise InvalidArgument("request_id must contain only printable characters")
     structured = structured_spec(req.structured_output)
+    if structured is not None and req.stopping.ignore_eos:
+        raise InvalidArgument("stopping.ignore_eos cannot be combined with structured_output: "
+                              "the grammar decides where the output ends")
     if req.speculative.HasField("enabled") and req.speculative.enabled:
         raise InvalidArgument("speculative.enabled: speculative decoding is not enabled on "
                               "this server")

@@ -109,3 +109,20 @@ def test_compile_cache_reuses_one_factory(server, stub):
         stub.Generate(req(pb.StructuredOutput(regex=r"z{2}[0-9]", backend=XG)))
     assert so.stats.compiles - before == 1
     assert so.stats.cache_hits >= 2
+
+
+def test_min_new_tokens_yields_to_a_grammar_that_can_only_end(stub):
+    r = req(pb.StructuredOutput(choice=pb.ChoiceList(choices=["yes", "no"])))
+    r.stopping.min_new_tokens = 10
+    c = stub.Generate(r).completions[0]
+    assert c.text in ("yes", "no")
+    assert c.finish_reason == pb.FINISH_REASON_EOS
+
+
+def test_ignore_eos_with_structured_output_is_invalid_argument(stub):
+    r = req(pb.StructuredOutput(regex="[a-z]+"))
+    r.stopping.ignore_eos = True
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(r)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "ignore_eos" in e.value.details()
