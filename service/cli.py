@@ -10,6 +10,7 @@ import sys
 
 from engine.config import EngineConfig
 from service.validation import ServiceLimits
+from structured.manager import StructuredConfig
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
           "gib": 2**30}
@@ -73,6 +74,18 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-stop-sequences", type=non_negative_int, default=limits.max_stop_sequences)
     p.add_argument("--drain-grace-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight calls may take to finish")
+    sc = StructuredConfig()
+    p.add_argument("--no-structured-output", action="store_true",
+                   help="disable structured output (skips building the backends at start-up)")
+    p.add_argument("--structured-compile-timeout", type=float, default=sc.compile_timeout_s,
+                   help="seconds a grammar may take to compile before INVALID_ARGUMENT")
+    p.add_argument("--structured-max-spec-bytes", type=int, default=sc.max_spec_bytes,
+                   help="largest schema / regex / grammar accepted")
+    p.add_argument("--structured-max-whitespace", type=int,
+                   default=sc.max_consecutive_whitespace,
+                   help="most consecutive whitespace characters a JSON output may contain")
+    p.add_argument("--structured-cache-size", type=int, default=sc.cache_size,
+                   help="compiled grammars kept (LRU)")
     p.add_argument("--processor-plugin", action="append", default=[], metavar="MODULE:CLASS",
                    help="register a logits-processor plugin (repeatable); banned_phrases and "
                         "no_repeat_window are built in")
@@ -104,7 +117,12 @@ def _run_serve(args) -> int:
         max_stop_sequences=args.max_stop_sequences)
     config = ServerConfig(host=args.host, port=args.port,
                           drain_grace_s=args.drain_grace_seconds, limits=limits, engine=engine,
-                          processor_plugins=args.processor_plugin)
+                          processor_plugins=args.processor_plugin,
+                          structured=None if args.no_structured_output else StructuredConfig(
+                              max_spec_bytes=args.structured_max_spec_bytes,
+                              compile_timeout_s=args.structured_compile_timeout,
+                              cache_size=args.structured_cache_size,
+                              max_consecutive_whitespace=args.structured_max_whitespace))
     try:
         asyncio.run(serve(config))
     except Exception:
