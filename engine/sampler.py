@@ -3,196 +3,310 @@
 Order, as HF's logits processors apply them (so greedy + penalties match ``generate``):
 banned ids -> repetition penalty -> presence/frequency penalties -> (greedy: argmax) ->
 temperature -> top-k -> top-p -> min-p -> typical-p -> sample.
+
 Sampling uses the exponential race ``argmax(p / q), q ~ Exp(1)``: an exact categorical
-draw whose noise for a seeded row comes from that row's own generator with a fixed-size
-draw, so a seeded request samples the same tokens whatever its batch mates are.
+draw. A seeded row takes its noise from its own generator with a fixed-size draw, so a
+seeded request samples the same tokens whatever its batch mates or its row are. Greedy
+rows never consume randomness. Everything stays on the logits' device; only the small
+final outputs are copied to the CPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
 
 import torch
 
 from engine.sampling_params import SamplingParams
 
+_NEG_INF = float("-inf")
+# Tokens top-p sorts on the CPU before it falls back to sorting the whole vocabulary.
+_TOP_P_CANDIDATES = 1024
+
 
 @dataclass
 class SamplingMetadata:
-    temperature: torch.Tensor  # [B], 0 = greedy row
-    top_k: torch.Tensor  # [B] long, 0 = off
-    top_p: torch.Tensor
-    min_p: torch.Tensor
-    typical_p: torch.Tensor
-    repetition_penalty: torch.Tensor
-    presence_penalty: torch.Tensor
-    frequency_penalty: torch.Tensor
-    generators: list[torch.Generator | None]
-    prompt_token_ids: list[list[int]]
-    output_token_ids: list[list[int]]
-    banned_token_ids: list[list[int]]
+    """Per-row sampling parameters of one batch, as tensors on the logits' device."""
+
+    temperature: torch.Tensor  # [B] float32, 0 = greedy row
+    top_k: torch.Tensor  # [B] int64, 0 = off
+    top_p: torch.Tensor  # [B] float32, 1 = off
+    min_p: torch.Tensor  # [B] float32, 0 = off
+    typical_p: torch.Tensor  # [B] float32, 1 = off
+    repetition_penalty: torch.Tensor  # [B], 1 = off
+    presence_penalty: torch.Tensor  # [B], 0 = off
+    frequency_penalty: torch.Tensor  # [B], 0 = off
+    generators: list[torch.Generator | None]  # per row; None = global RNG
+    prompt_token_ids: list[list[int]]  # repetition penalty counts prompt + output (HF)
+    output_token_ids: list[list[int]]  # presence/frequency count output only (vLLM/OpenAI)
+    banned_token_ids: list[list[int]]  # -inf before anything else (min_new_tokens)
     max_top_logprobs: int
     need_logprobs: bool
     all_greedy: bool
     no_penalties: bool
     no_top_filters: bool
+    # Host-side facts for choosing fast paths, read back once from the tensors above so the
+    # sampler needs no further device syncs.
+    sampled_rows: list[int] = field(init=False)  # rows with temperature > 0
+    max_top_k: int = field(init=False)  # 0 = no row uses top-k
+    any_top_p: bool = field(init=False)
+    any_min_p: bool = field(init=False)
+    any_typical_p: bool = field(init=False)
+    any_repetition_penalty: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        columns = (self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p,
+                   self.repetition_penalty)
+        temp, top_k, top_p, min_p, typical_p, rep = (
+            torch.stack([c.float() for c in columns]).cpu().tolist() if len(self.temperature)
+            else [[]] * len(columns))
+        self.sampled_rows = [i for i, t in enumerate(temp) if t > 0]
+        self.max_top_k = int(max(top_k, default=0))
+        self.any_top_p = any(p < 1 for p in top_p)
+        self.any_min_p = any(p > 0 for p in min_p)
+        self.any_typical_p = any(p < 1 for p in typical_p)
+        self.any_repetition_penalty = any(r != 1 for r in rep)
 
     @classmethod
     def build(cls, params: list[SamplingParams], prompt_token_ids: list[list[int]],
               output_token_ids: list[list[int]], generators: list[torch.Generator | None],
-              banned_token_ids: list[list[int]], device: torch.device | str) -> SamplingMetadata:
-        def col(name: str, dtype=torch.float32) -> torch.Tensor:
-            return torch.tensor([getattr(p, name) for p in params], dtype=dtype, device=device)
-
-        no_penalties = all(p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-                           and p.frequency_penalty == 0.0 for p in params)
-        no_top_filters = all(p.top_k == 0 and p.top_p == 1.0 and p.min_p == 0.0
-                             and p.typical_p == 1.0 for p in params)
-        return cls(
-            temperature=col("temperature"), top_k=col("top_k", torch.long),
-            top_p=col("top_p"), min_p=col("min_p"), typical_p=col("typical_p"),
-            repetition_penalty=col("repetition_penalty"),
-            presence_penalty=col("presence_penalty"),
-            frequency_penalty=col("frequency_penalty"),
+              banned_token_ids: list[list[int]], device: torch.device | str
+              ) -> SamplingMetadata:
+        # The columns are made on the CPU, where __post_init__ reads them for free, then
+        # moved to the device in one copy. Host-to-device copies here are non-blocking (from
+        # pageable memory CUDA stages them at once), so only the outputs wait for the GPU.
+        table = torch.tensor([[float(getattr(p, c)) for p in params] for c in _COLUMNS])
+        table = table.view(len(_COLUMNS), len(params))
+        meta = cls(
+            **_columns(table),
             generators=generators, prompt_token_ids=prompt_token_ids,
             output_token_ids=output_token_ids, banned_token_ids=banned_token_ids,
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
-            need_logprobs=any(p.logprobs or p.top_logprobs for p in params),
-            all_greedy=all(p.temperature == 0.0 for p in params),
-            no_penalties=no_penalties, no_top_filters=no_top_filters,
+            need_logprobs=any(p.logprobs or p.top_logprobs > 0 for p in params),
+            all_greedy=all(p.temperature == 0 for p in params),
+            no_penalties=all(p.repetition_penalty == 1 and p.presence_penalty == 0
+                             and p.frequency_penalty == 0 for p in params),
+            no_top_filters=all(p.top_k == 0 and p.top_p == 1 and p.min_p == 0
+                               and p.typical_p == 1 for p in params),
         )
+        for name, column in _columns(table.to(device, non_blocking=True)).items():
+            setattr(meta, name, column)
+        return meta
+
+
+# The per-row parameter columns of SamplingMetadata, in field order.
+_COLUMNS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
+            "presence_penalty", "frequency_penalty")
+
+
+def _columns(table: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rows of a float ``[len(_COLUMNS), B]`` table by field name, top_k as int64."""
+    columns = dict(zip(_COLUMNS, table, strict=True))
+    columns["top_k"] = columns["top_k"].long()
+    return columns
 
 
 @dataclass
 class SamplerOutput:
-    token_ids: torch.Tensor  # [B] long, CPU
-    logprobs: torch.Tensor | None  # [B] raw logprob of the chosen token, CPU
-    top_token_ids: torch.Tensor | None  # [B, max_top_logprobs], CPU
-    top_logprobs: torch.Tensor | None
+    token_ids: torch.Tensor  # [B] int64, CPU
+    logprobs: torch.Tensor | None  # [B] float32, CPU: chosen token under the raw logits
+    top_token_ids: torch.Tensor | None  # [B, max_top_logprobs] int64, CPU (raw distribution)
+    top_logprobs: torch.Tensor | None  # [B, max_top_logprobs] float32, CPU
 
 
-def _padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids padded to ``[B, L]`` (pad 0) and the matching validity mask."""
-    width = max((len(r) for r in rows), default=0) or 1
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    valid = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, :len(r)] = torch.tensor(r)
-            valid[i, :len(r)] = True
-    return ids.to(device), valid.to(device)
+# ---------------------------------------------------------------------------- penalties
 
 
-def _counts(rows: list[list[int]], vocab: int, device) -> torch.Tensor:
-    ids, valid = _padded(rows, device)
-    counts = torch.zeros(len(rows), vocab, device=device)
-    counts.scatter_add_(1, ids, valid.float())
+def _flat_index(rows: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """Indices into a flattened ``[B, V]`` tensor of every id of every row (no padding)."""
+    ids = torch.tensor(list(chain.from_iterable(rows)), dtype=torch.long)
+    row = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([len(r) for r in rows]))
+    return (row * vocab + ids).to(device, non_blocking=True)
+
+
+def _token_counts(rows: list[list[int]], like: torch.Tensor) -> torch.Tensor:
+    """``[B, V]`` float32 occurrence counts of each row's ids, by one scatter_add."""
+    counts = torch.zeros(like.shape, device=like.device)
+    index = _flat_index(rows, like.shape[1], like.device)
+    counts.view(-1).scatter_add_(0, index, torch.ones_like(index, dtype=counts.dtype))
     return counts
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """Banned ids, repetition (prompt + output) and presence/frequency (output) penalties."""
+    """Banned ids (-inf), then HF's repetition penalty over prompt + output, then OpenAI's
+    presence/frequency penalties over the output. Returns a new tensor."""
     if any(meta.banned_token_ids):
-        ids, valid = _padded(meta.banned_token_ids, logits.device)
-        ban = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, ids, valid)
-        logits = logits.masked_fill(ban, -torch.inf)
+        index = _flat_index(meta.banned_token_ids, logits.shape[1], logits.device)
+        logits = logits.flatten().index_fill(0, index, _NEG_INF).view_as(logits)
     if meta.no_penalties:
         return logits
-    vocab = logits.shape[1]
-    rep = meta.repetition_penalty[:, None]
-    if (meta.repetition_penalty != 1.0).any():
-        seen = _counts([p + o for p, o in zip(meta.prompt_token_ids, meta.output_token_ids,
-                                              strict=True)], vocab, logits.device) > 0
-        penalised = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen, penalised, logits)
-    if (meta.presence_penalty != 0).any() or (meta.frequency_penalty != 0).any():
-        counts = _counts(meta.output_token_ids, vocab, logits.device)
-        logits = (logits - meta.frequency_penalty[:, None] * counts
-                  - meta.presence_penalty[:, None] * (counts > 0))
-    return logits
+    out_counts = _token_counts(meta.output_token_ids, logits)
+    if meta.any_repetition_penalty:
+        seen = (_token_counts(meta.prompt_token_ids, logits) + out_counts) > 0
+        rep = meta.repetition_penalty[:, None]
+        logits = torch.where(seen, torch.where(logits < 0, logits * rep, logits / rep), logits)
+    return (logits - meta.frequency_penalty[:, None] * out_counts
+            - meta.presence_penalty[:, None] * (out_counts > 0))
 
 
-def _filter(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """Temperature and top-k/top-p/min-p/typical-p on sampled rows; -inf where cut."""
-    temp = torch.where(meta.temperature > 0, meta.temperature, torch.ones_like(meta.temperature))
-    logits = logits / temp[:, None]
-    if meta.no_top_filters:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[1]
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    cut = torch.zeros_like(sorted_logits, dtype=torch.bool)
-    k = torch.where(meta.top_k > 0, meta.top_k, torch.full_like(meta.top_k, vocab))
-    cut |= ranks >= k[:, None]
-    probs = sorted_logits.masked_fill(cut, -torch.inf).softmax(-1)
-    # top-p: drop tokens once the mass *before* them reaches p (keeps at least one).
-    mass_before = probs.cumsum(-1) - probs
-    cut |= mass_before >= meta.top_p[:, None]
-    # min-p: drop tokens below min_p * p(top token).
-    cut |= probs < meta.min_p[:, None] * probs[:, :1]
-    cut[:, 0] = False  # the top token always survives
-    sorted_logits = sorted_logits.masked_fill(cut, -torch.inf)
-    logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
-    if (meta.typical_p < 1.0).any():
-        logits = _typical(logits, meta.typical_p)
-    return logits
+# ------------------------------------------------------------------------------ warping
+
+
+def _top_k(logits: torch.Tensor, top_k: torch.Tensor, max_k: int) -> torch.Tensor:
+    """HF's top-k: drop logits below the k-th largest (ties with it survive), found with one
+    ``topk(max_k)`` rather than a sort of the vocabulary. Rows with k = 0 are untouched."""
+    k = top_k.clamp(1, logits.shape[1])
+    kth = logits.topk(min(max_k, logits.shape[1]), dim=-1).values.gather(1, k[:, None] - 1)
+    kth = kth.masked_fill((top_k == 0)[:, None], _NEG_INF)
+    return logits.masked_fill(logits < kth, _NEG_INF)
+
+
+def _top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """HF's top-p: keep the most likely tokens until the mass before the next one reaches p
+    (the top token always). Rows with p = 1 are untouched."""
+    probs = logits.softmax(-1)
+    cut = (probs < _top_p_threshold(probs, top_p)) & (top_p < 1)[:, None]
+    return logits.masked_fill(cut, _NEG_INF)
+
+
+def _top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``[B, 1]`` probability of the least likely token top-p keeps.
+
+    On the CPU sorting the vocabulary is slow (~10 ms a row for 49k tokens) and the cut
+    usually falls among the few most likely tokens: sort only those, and the whole row only
+    where they hold less than p. Elsewhere the sort is cheap and the check would need a sync.
+    """
+    if probs.device.type != "cpu" or probs.shape[1] <= _TOP_P_CANDIDATES:
+        return _last_kept(probs.sort(dim=-1, descending=True).values, top_p)
+    top = probs.topk(_TOP_P_CANDIDATES, dim=-1).values
+    threshold = _last_kept(top, top_p)
+    short = ((top.sum(-1) < top_p) & (top_p < 1)).nonzero().flatten()
+    if len(short):
+        everything = probs[short].sort(dim=-1, descending=True).values
+        threshold[short] = _last_kept(everything, top_p[short])
+    return threshold
+
+
+def _last_kept(top: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The last probability, in descending ``top``, with less than p of mass before it."""
+    kept = ((top.cumsum(-1) - top) < top_p[:, None]).sum(-1)  # >= 1: none before the first
+    return top.gather(1, kept[:, None] - 1)
+
+
+def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """HF's min-p: drop tokens less likely than ``min_p`` times the most likely one."""
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), _NEG_INF)
 
 
 def _typical(logits: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
-    """HF's TypicalLogitsWarper: keep the tokens whose surprise is closest to the entropy,
-    the smallest such set reaching ``mass``; rows with mass 1 are untouched."""
-    logp = torch.log_softmax(logits, -1)
-    p = logp.exp()
-    entropy = -(logp * p).nansum(-1, keepdim=True)
-    shifted = (-logp - entropy).abs()
-    sorted_shifted, idx = shifted.sort(dim=-1)
-    cum = logits.gather(1, idx).softmax(-1).cumsum(-1)
+    """HF's TypicalLogitsWarper per row: keep the tokens whose surprise is closest to the
+    entropy, the fewest reaching ``mass``; rows with mass 1 are left alone."""
+    logp = logits.log_softmax(-1)
+    entropy = -(logp * logp.exp()).nansum(-1, keepdim=True)
+    shifted, order = (-logp - entropy).abs().sort(dim=-1)
+    cum = logits.gather(1, order).softmax(-1).cumsum(-1)
     last = (cum < mass[:, None]).sum(-1).clamp(max=logits.shape[1] - 1)
-    remove_sorted = sorted_shifted > sorted_shifted.gather(1, last[:, None])
-    remove_sorted[:, 0] = False
-    remove = remove_sorted.scatter(1, idx, remove_sorted) & (mass[:, None] < 1.0)
-    return logits.masked_fill(remove, -torch.inf)
+    cut = shifted > shifted.gather(1, last[:, None])
+    cut[:, 0] = False
+    cut &= (mass < 1)[:, None]
+    return logits.masked_fill(cut.scatter(1, order, cut), _NEG_INF)
+
+
+def _warp(logits: torch.Tensor, meta: SamplingMetadata,
+          rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Temperature then the top filters for ``rows`` (all rows if None) of the penalised
+    logits; greedy rows among them are left at temperature 1."""
+
+    def pick(t: torch.Tensor) -> torch.Tensor:
+        return t if rows is None else t[rows]
+
+    temperature = pick(meta.temperature)
+    logits = logits / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    if meta.no_top_filters:
+        return logits
+    if meta.max_top_k:
+        logits = _top_k(logits, pick(meta.top_k), meta.max_top_k)
+    if meta.any_top_p:
+        logits = _top_p(logits, pick(meta.top_p))
+    if meta.any_min_p:
+        logits = _min_p(logits, pick(meta.min_p))
+    if meta.any_typical_p:
+        logits = _typical(logits, pick(meta.typical_p))
+    return logits
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def sample_from_probs(probs: torch.Tensor,
+                      generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One exact categorical draw per row by the exponential race ``argmax(p / q)``.
+
+    A row with a generator draws its ``V`` exponentials from it alone (on the generator's
+    device), so its result does not depend on the rest of the batch; the other rows share
+    one batched draw from the global RNG. Reusable by speculative decoding's resampling.
+    """
+    q = torch.empty_like(probs)
+    if any(g is None for g in generators):
+        q.exponential_()
+    for i, g in enumerate(generators):
+        if g is not None:
+            q[i] = torch.empty(probs.shape[1], device=g.device).exponential_(generator=g)
+    # Exp(1) can round to 0; 0/0 would be NaN, which argmax would pick.
+    return (probs / q.clamp_min_(torch.finfo(q.dtype).tiny)).argmax(-1)
 
 
 def compute_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """The distribution each row is drawn from; greedy rows are one-hot at their argmax."""
+    """The processed distribution the sampler draws from ([B, V] probs; greedy rows are
+    one-hot at their argmax). Exposed because speculative decoding's rejection sampler
+    needs p(x) for each row."""
     logits = apply_penalties(logits.float(), meta)
-    probs = _filter(logits, meta).softmax(-1)
-    greedy = meta.temperature == 0
-    if greedy.any():
-        onehot = torch.zeros_like(probs).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
-        probs = torch.where(greedy[:, None], onehot, probs)
-    return probs
-
-
-def _exponential(shape: tuple[int, int], generators: list[torch.Generator | None],
-                 device) -> torch.Tensor:
-    q = torch.empty(shape, device=device)
-    q.exponential_()
-    for i, g in enumerate(generators):
-        if g is not None:
-            q[i].exponential_(generator=g)
-    return q
+    greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[1]).to(logits.dtype)
+    if meta.all_greedy:
+        return greedy
+    probs = _warp(logits, meta).softmax(-1)
+    return torch.where((meta.temperature > 0)[:, None], probs, greedy)
 
 
 class Sampler:
+    """Picks one token per row and reports raw-distribution logprobs."""
+
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        raw = logits.float()
+        raw = logits.float()  # a copy unless already float32; never modified in place
         processed = apply_penalties(raw, meta)
-        if meta.all_greedy:
+        rows = meta.sampled_rows
+        if not rows:
             tokens = processed.argmax(-1)
+        elif len(rows) == len(raw):
+            tokens = self._sample(processed, meta, rows, None)
         else:
-            probs = _filter(processed, meta).softmax(-1)
-            sampled_rows = (meta.temperature > 0).nonzero().squeeze(1).tolist()
-            gens = [meta.generators[i] for i in sampled_rows]
-            q = _exponential((len(sampled_rows), probs.shape[1]), gens, probs.device)
-            tokens = processed.argmax(-1)
-            tokens[sampled_rows] = (probs[sampled_rows] / q).argmax(-1)
-        logprobs = top_ids = top_lps = None
-        if meta.need_logprobs:
-            logp = torch.log_softmax(raw, -1)
-            logprobs = logp.gather(1, tokens[:, None]).squeeze(1).cpu()
-            if meta.max_top_logprobs:
-                top_lps, top_ids = logp.topk(meta.max_top_logprobs, dim=-1)
-                top_lps, top_ids = top_lps.cpu(), top_ids.cpu()
-        return SamplerOutput(tokens.cpu(), logprobs, top_ids, top_lps)
+            index = torch.tensor(rows).to(raw.device, non_blocking=True)
+            sampled = self._sample(processed, meta, rows, index)
+            tokens = processed.argmax(-1).index_copy(0, index, sampled)
+        return self._output(raw, tokens, meta)
+
+    @staticmethod
+    def _sample(processed: torch.Tensor, meta: SamplingMetadata, rows: list[int],
+                index: torch.Tensor | None) -> torch.Tensor:
+        """Sampled tokens for ``rows`` (``index`` on the device; None = every row)."""
+        sub = processed if index is None else processed[index]
+        probs = _warp(sub, meta, index).softmax(-1)
+        return sample_from_probs(probs, [meta.generators[i] for i in rows])
+
+    @staticmethod
+    def _output(raw: torch.Tensor, tokens: torch.Tensor,
+                meta: SamplingMetadata) -> SamplerOutput:
+        """Chosen-token and top logprobs under the raw distribution, moved to the CPU."""
+        if not meta.need_logprobs:
+            return SamplerOutput(tokens.cpu(), None, None, None)
+        logp = raw.log_softmax(-1)
+        k = min(meta.max_top_logprobs, logp.shape[1])
+        top = logp.topk(k, dim=-1)
+        # One copy to the host (one sync): ids and float32 logprobs are exact in float64.
+        parts = (tokens[:, None], logp.gather(1, tokens[:, None]), top.indices, top.values)
+        host = torch.cat([p.double() for p in parts], dim=1).cpu()
+        ids, chosen, top_ids, top_lps = host.split([1, 1, k, k], dim=1)
+        return SamplerOutput(ids[:, 0].long(), chosen[:, 0].float(),
+                             top_ids.long() if k else None, top_lps.float() if k else None)

@@ -1,0 +1,492 @@
+"""Sampler: HF-equal penalties and warpers, exact sampling, seeded reproducibility, logprobs."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+import engine.sampler as sampler_mod
+from engine.sampler import (
+    Sampler,
+    SamplingMetadata,
+    apply_penalties,
+    compute_probs,
+    sample_from_probs,
+)
+from engine.sampling_params import SamplingParams
+
+V = 64
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA"))]
+
+
+def meta_for(params: list[SamplingParams], *, prompts=None, outputs=None, generators=None,
+             banned=None, device="cpu") -> SamplingMetadata:
+    n = len(params)
+    return SamplingMetadata.build(
+        params,
+        prompts if prompts is not None else [[] for _ in range(n)],
+        outputs if outputs is not None else [[] for _ in range(n)],
+        generators if generators is not None else [None] * n,
+        banned if banned is not None else [[] for _ in range(n)],
+        device,
+    )
+
+
+def rand_logits(rows: int, vocab: int = V, seed: int = 0, scale: float = 3.0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def hf_warpers(p: SamplingParams) -> LogitsProcessorList:
+    """HF's warper chain for ``p``, built the way ``generate`` builds it."""
+    chain = LogitsProcessorList()
+    if p.temperature != 1.0:
+        chain.append(TemperatureLogitsWarper(p.temperature))
+    if p.top_k:
+        chain.append(TopKLogitsWarper(p.top_k))
+    if p.top_p < 1.0:
+        chain.append(TopPLogitsWarper(p.top_p))
+    if p.min_p:
+        chain.append(MinPLogitsWarper(p.min_p))
+    if p.typical_p < 1.0:
+        chain.append(TypicalLogitsWarper(p.typical_p))
+    return chain
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs.double() * counts.sum()
+    keep = expected > 0
+    assert counts[~keep].sum() == 0, "sampled a token of probability 0"
+    return float(((counts.double()[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+# Chi-square critical values at p = 0.001 for the degrees of freedom used below.
+CHI2_CRIT_001 = {7: 24.32, 4: 18.47}
+
+
+# ------------------------------------------------------------------------------ metadata
+
+
+def test_build_derives_flags_and_host_facts():
+    params = [SamplingParams(), SamplingParams(temperature=0.8, top_k=5, logprobs=True),
+              SamplingParams(temperature=1.0, presence_penalty=0.5, top_logprobs=3)]
+    meta = meta_for(params)
+    assert meta.temperature.tolist() == pytest.approx([0.0, 0.8, 1.0])
+    assert meta.top_k.dtype == torch.int64
+    assert (meta.max_top_logprobs, meta.need_logprobs) == (3, True)
+    assert (meta.all_greedy, meta.no_penalties, meta.no_top_filters) == (False, False, False)
+    assert meta.sampled_rows == [1, 2]
+    plain = meta_for([SamplingParams()] * 2)
+    assert (plain.all_greedy, plain.no_penalties, plain.no_top_filters) == (True, True, True)
+    assert (plain.need_logprobs, plain.max_top_logprobs, plain.sampled_rows) == (False, 0, [])
+
+
+def test_host_facts_are_read_back_from_the_tensors():
+    params = [SamplingParams(temperature=0.5, repetition_penalty=1.2, top_k=7), SamplingParams(),
+              SamplingParams(temperature=1.0, typical_p=0.5, top_p=0.9, min_p=0.1, top_k=3)]
+    meta = meta_for(params)
+    assert meta.sampled_rows == [0, 2] and meta.max_top_k == 7
+    assert meta.any_top_p and meta.any_min_p and meta.any_typical_p
+    assert meta.any_repetition_penalty
+    plain = dataclasses.replace(meta, temperature=torch.zeros(3), top_k=torch.zeros(3).long(),
+                                top_p=torch.ones(3), min_p=torch.zeros(3),
+                                typical_p=torch.ones(3), repetition_penalty=torch.ones(3))
+    assert plain.sampled_rows == [] and plain.max_top_k == 0
+    assert not (plain.any_top_p or plain.any_min_p or plain.any_typical_p
+                or plain.any_repetition_penalty)
+
+
+# -------------------------------------------------------------------------------- greedy
+
+
+def test_greedy_rows_pick_the_argmax_and_leave_the_callers_logits_alone():
+    logits = rand_logits(6)
+    before = logits.clone()
+    out = Sampler()(logits, meta_for([SamplingParams()] * 6))
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+    assert out.token_ids.dtype == torch.int64 and out.token_ids.device.type == "cpu"
+    assert out.logprobs is None and out.top_token_ids is None and out.top_logprobs is None
+    assert torch.equal(logits, before)
+
+
+def test_all_greedy_without_penalties_is_a_single_argmax(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("the all-greedy fast path must not warp or sample")
+
+    monkeypatch.setattr(sampler_mod, "_warp", boom)
+    monkeypatch.setattr(sampler_mod, "sample_from_probs", boom)
+    logits = rand_logits(4)
+    out = Sampler()(logits, meta_for([SamplingParams()] * 4))
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+
+
+def test_greedy_rows_consume_no_randomness():
+    g = seeded(7)
+    g_state, global_state = g.get_state(), torch.get_rng_state()
+    params = [SamplingParams(seed=7), SamplingParams(temperature=1.0, seed=8)]
+    meta = meta_for(params, generators=[g, seeded(8)])
+    Sampler()(rand_logits(2), meta)
+    assert torch.equal(g.get_state(), g_state)  # the greedy row's own generator
+    assert torch.equal(torch.get_rng_state(), global_state)  # the other row is seeded too
+
+
+# ----------------------------------------------------------------------------- penalties
+
+
+def test_repetition_penalty_hand_computed():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -4.0]])
+    meta = meta_for([SamplingParams(repetition_penalty=2.0)], prompts=[[0, 4]], outputs=[[1, 1]])
+    # seen ids 0, 1, 4: positive logits divided, negative ones multiplied; 2 and 3 unseen
+    expected = torch.tensor([[1.0, -2.0, 0.5, 3.0, -8.0]])
+    assert torch.equal(apply_penalties(logits, meta), expected)
+
+
+def test_presence_and_frequency_penalties_hand_computed_on_output_only():
+    logits = torch.zeros(1, 6)
+    meta = meta_for([SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)],
+                    prompts=[[0, 0, 1]], outputs=[[3, 3, 5]])
+    # id 3: 0.5 + 2 * 0.25; id 5: 0.5 + 0.25; prompt ids 0, 1 untouched
+    expected = torch.tensor([[0.0, 0.0, 0.0, -1.0, 0.0, -0.75]])
+    assert torch.allclose(apply_penalties(logits, meta), expected)
+
+
+def test_penalties_apply_per_row_in_hf_order():
+    logits = torch.tensor([[2.0, 1.0, -1.0, 0.0]] * 3)
+    params = [SamplingParams(repetition_penalty=2.0, frequency_penalty=1.0),
+              SamplingParams(),
+              SamplingParams(presence_penalty=-1.0)]
+    meta = meta_for(params, prompts=[[0], [0], [0]], outputs=[[2], [2], [2]],
+                    banned=[[], [1], []])
+    expected = torch.tensor([
+        [1.0, 1.0, -3.0, 0.0],  # repetition first (2 -> 1, -1 -> -2), then frequency on id 2
+        [2.0, -torch.inf, -1.0, 0.0],  # banned only
+        [2.0, 1.0, 0.0, 0.0],  # negative presence penalty raises output ids
+    ])
+    assert torch.equal(apply_penalties(logits, meta), expected)
+
+
+@pytest.mark.parametrize("penalty", [0.7, 1.3, 2.0])
+def test_repetition_penalty_matches_hf_processor(penalty):
+    logits = rand_logits(3, seed=1)
+    ids = torch.randint(0, V, (3, 12), generator=seeded(2))
+    meta = meta_for([SamplingParams(repetition_penalty=penalty)] * 3,
+                    prompts=[r[:7].tolist() for r in ids], outputs=[r[7:].tolist() for r in ids])
+    expected = RepetitionPenaltyLogitsProcessor(penalty)(ids, logits.clone())
+    assert torch.equal(apply_penalties(logits, meta), expected)
+
+
+def test_greedy_decoding_with_repetition_penalty_follows_hf_step_by_step():
+    table = rand_logits(V, seed=3)  # a toy LM: next-token logits depend on the last token
+    prompt = [5, 9, 5]
+    processors = LogitsProcessorList([RepetitionPenaltyLogitsProcessor(1.5)])
+    hf_ids = torch.tensor([prompt])
+    for _ in range(20):
+        scores = processors(hf_ids, table[hf_ids[:, -1]].clone())
+        hf_ids = torch.cat([hf_ids, scores.argmax(-1, keepdim=True)], dim=1)
+    ours: list[int] = []
+    params = [SamplingParams(repetition_penalty=1.5)]
+    for _ in range(20):
+        logits = table[(prompt + ours)[-1]][None]
+        meta = meta_for(params, prompts=[prompt], outputs=[ours])
+        ours += Sampler()(logits, meta).token_ids.tolist()
+    assert ours == hf_ids[0, len(prompt):].tolist()
+
+
+def test_banned_ids_are_never_sampled():
+    logits = torch.zeros(64, 8)
+    logits[:, 3] = 10.0  # the banned id would win almost always
+    params = [SamplingParams()] + [SamplingParams(temperature=1.5)] * 63
+    meta = meta_for(params, banned=[[3, 5]] * 64)
+    torch.manual_seed(0)
+    for _ in range(20):
+        tokens = Sampler()(logits, meta).token_ids
+        assert not torch.isin(tokens, torch.tensor([3, 5])).any()
+
+
+# ------------------------------------------------------------------------------ warpers
+
+WARPED = [
+    SamplingParams(temperature=1.0, top_k=5),
+    SamplingParams(temperature=1.0, top_k=V + 10),
+    SamplingParams(temperature=1.0, top_p=0.8),
+    SamplingParams(temperature=1.0, min_p=0.1),
+    SamplingParams(temperature=1.0, typical_p=0.7),
+    SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, typical_p=0.9),
+    SamplingParams(temperature=1.3, top_p=0.5),
+    SamplingParams(temperature=0.5),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compute_probs_matches_hf_warpers_row_by_row(device):
+    logits = rand_logits(len(WARPED), seed=4)
+    probs = compute_probs(logits.to(device), meta_for(WARPED, device=device)).cpu()
+    for row, p in enumerate(WARPED):
+        expected = hf_warpers(p)(None, logits[row:row + 1].clone()).softmax(-1)[0]
+        assert torch.equal(probs[row] > 0, expected > 0), f"support differs for {p}"
+        assert torch.allclose(probs[row], expected, atol=1e-6), f"probs differ for {p}"
+
+
+def test_compute_probs_rows_sum_to_one_and_greedy_rows_are_one_hot():
+    params = [SamplingParams(), *WARPED, SamplingParams(repetition_penalty=1.5)]
+    logits = rand_logits(len(params), seed=5)
+    meta = meta_for(params, outputs=[[int(logits[i].argmax())] for i in range(len(params))])
+    probs = compute_probs(logits, meta)
+    assert torch.allclose(probs.sum(-1), torch.ones(len(params)))
+    for row in (0, len(params) - 1):
+        penalised = apply_penalties(logits, meta)[row]
+        assert torch.equal(probs[row], torch.nn.functional.one_hot(penalised.argmax(), V).float())
+    assert compute_probs(logits[:1], meta_for(params[:1])).sum() == 1
+
+
+@pytest.mark.parametrize(("params", "support"), [
+    (SamplingParams(temperature=0.5, top_p=0.5), [0]),  # top-p sees the tempered distribution
+    (SamplingParams(temperature=1.0, top_k=2, top_p=0.5), [0]),  # ... renormalised by top-k
+    (SamplingParams(temperature=1.0, top_p=0.5, min_p=0.6), [0, 1]),  # ... before min-p
+])
+def test_filters_compose_in_hf_order(params, support):
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    probs = compute_probs(logits, meta_for([params]))[0]
+    assert probs.nonzero().flatten().tolist() == support
+    assert torch.equal(hf_warpers(params)(None, logits.clone()) > -torch.inf, probs[None] > 0)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_p=0.75),
+                                    SamplingParams(temperature=1.0, min_p=0.5)])
+def test_top_p_and_min_p_boundaries_match_hf(params):
+    # exact dyadic probabilities: the mass before the third token is exactly 0.75 (removed),
+    # and the second token's probability is exactly min_p times the first's (kept)
+    logits = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()
+    probs = compute_probs(logits, meta_for([params]))[0]
+    assert probs.tolist() == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
+    assert torch.equal(hf_warpers(params)(None, logits.clone()) > -torch.inf, probs[None] > 0)
+
+
+def test_top_k_keeps_ties_with_the_kth_logit_like_hf():
+    logits = torch.randint(-3, 4, (4, V), generator=seeded(11)).float()  # many ties
+    for k in (1, 3, 10):
+        meta = meta_for([SamplingParams(temperature=1.0, top_k=k)] * 4)
+        expected = TopKLogitsWarper(k)(None, logits.clone()).softmax(-1)
+        assert torch.equal(compute_probs(logits, meta) > 0, expected > 0)
+
+
+@pytest.mark.parametrize("candidates", [4, 16, 1024])
+def test_top_p_matches_hf_whether_or_not_the_candidates_hold_enough_mass(
+        monkeypatch, candidates):
+    monkeypatch.setattr(sampler_mod, "_TOP_P_CANDIDATES", candidates)
+    peaked, flat = rand_logits(3, seed=12, scale=4.0), rand_logits(3, seed=13, scale=0.3)
+    logits = torch.cat([peaked, flat])
+    params = [SamplingParams(temperature=1.0, top_p=p) for p in (0.5, 0.9, 1.0) * 2]
+    probs = compute_probs(logits, meta_for(params))
+    for row, p in enumerate(params):
+        expected = hf_warpers(p)(None, logits[row:row + 1].clone()).softmax(-1)[0]
+        assert torch.equal(probs[row] > 0, expected > 0), f"row {row}"
+        assert torch.allclose(probs[row], expected, atol=1e-6)
+
+
+def test_top_k_one_equals_greedy():
+    logits = rand_logits(16, seed=6, scale=0.1)  # nearly flat: only top-k can make it greedy
+    meta = meta_for([SamplingParams(temperature=2.0, top_k=1)] * 16)
+    torch.manual_seed(0)
+    for _ in range(10):
+        assert torch.equal(Sampler()(logits, meta).token_ids, logits.argmax(-1))
+
+
+def test_tiny_top_p_keeps_only_the_top_token():
+    logits = rand_logits(16, seed=7, scale=0.1)
+    meta = meta_for([SamplingParams(temperature=2.0, top_p=1e-6)] * 16)
+    probs = compute_probs(logits, meta)
+    assert torch.equal(probs, torch.nn.functional.one_hot(logits.argmax(-1), V).float())
+    torch.manual_seed(0)
+    assert torch.equal(Sampler()(logits, meta).token_ids, logits.argmax(-1))
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def test_unseeded_samples_follow_softmax_at_temperature_one():
+    torch.manual_seed(1234)
+    row = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.3, 1.5])
+    n = 20_000
+    out = Sampler()(row.expand(n, -1), meta_for([SamplingParams(temperature=1.0)] * n))
+    counts = torch.bincount(out.token_ids, minlength=8)
+    assert chi_square(counts, row.softmax(-1)) < CHI2_CRIT_001[7]
+
+
+def test_seeded_and_warped_samples_follow_compute_probs():
+    row = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.3, 1.5])
+    n = 5_000
+    params = [SamplingParams(temperature=0.7, top_k=5, seed=i) for i in range(n)]
+    meta = meta_for(params, generators=[seeded(i) for i in range(n)])
+    logits = row.expand(n, -1)
+    counts = torch.bincount(Sampler()(logits, meta).token_ids, minlength=8)
+    assert chi_square(counts, compute_probs(logits[:1], meta_for(params[:1]))[0]) \
+        < CHI2_CRIT_001[4]
+
+
+def test_sample_from_probs_never_picks_zero_probability_tokens():
+    probs = torch.zeros(256, V)
+    probs[:, 10] = 0.25
+    probs[:, 20] = 0.75
+    torch.manual_seed(0)
+    tokens = sample_from_probs(probs, [None] * 128 + [seeded(i) for i in range(128)])
+    assert set(tokens.tolist()) <= {10, 20}
+
+
+def _seeded_run(position: int, batch: int, device: str, steps: int = 6) -> list[int]:
+    """Tokens of one seeded, penalised, top-p row at ``position`` among random batch mates."""
+    mine = SamplingParams(temperature=0.9, top_p=0.95, frequency_penalty=0.3, seed=42)
+    gen = torch.Generator(device).manual_seed(42)
+    mates = [SamplingParams(), SamplingParams(temperature=1.2),
+             SamplingParams(temperature=0.8, top_k=7, seed=1),
+             SamplingParams(temperature=1.0, repetition_penalty=1.3)]
+    tokens: list[int] = []
+    torch.manual_seed(position * 100 + batch)  # the global RNG differs between runs
+    for step in range(steps):
+        params = [mates[(i + step) % len(mates)] for i in range(batch)]
+        gens = [torch.Generator(device).manual_seed(99) if p.seed is not None else None
+                for p in params]
+        logits = rand_logits(batch, seed=1000 + step * 10 + batch)  # batch mates vary
+        params[position], gens[position] = mine, gen
+        logits[position] = rand_logits(1, seed=step)[0]  # my row's logits don't
+        outputs = [[] for _ in range(batch)]
+        outputs[position] = tokens
+        meta = meta_for(params, outputs=outputs, generators=gens, device=device)
+        out = Sampler()(logits.to(device), meta)
+        tokens = tokens + [int(out.token_ids[position])]
+    return tokens
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seeded_row_is_independent_of_batch_mates_and_position(device):
+    alone = _seeded_run(position=0, batch=1, device=device)
+    assert _seeded_run(position=5, batch=8, device=device) == alone
+    assert _seeded_run(position=2, batch=8, device=device) == alone
+    assert len(set(alone)) > 1  # it really sampled
+
+
+def test_seeded_generator_advances_by_a_fixed_amount_per_step():
+    g1, g2 = seeded(3), seeded(3)
+    meta_small = meta_for([SamplingParams(temperature=1.0, top_k=3, seed=3)], generators=[g1])
+    meta_plain = meta_for([SamplingParams(temperature=1.0, seed=3)], generators=[g2])
+    Sampler()(rand_logits(1), meta_small)
+    Sampler()(rand_logits(1, seed=9), meta_plain)
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+# ----------------------------------------------------------------------------- logprobs
+
+
+def test_logprobs_and_top_logprobs_come_from_the_raw_distribution():
+    params = [SamplingParams(logprobs=True),
+              SamplingParams(temperature=0.5, top_k=3, repetition_penalty=1.7, top_logprobs=4),
+              SamplingParams(temperature=1.0, presence_penalty=2.0, top_logprobs=2)]
+    logits = rand_logits(3, seed=8)
+    meta = meta_for(params, outputs=[[1, 2], [3, 4], [5, 6]])
+    torch.manual_seed(0)
+    out = Sampler()(logits, meta)
+    raw = logits.log_softmax(-1)
+    assert out.logprobs is not None and out.top_logprobs is not None
+    assert out.top_token_ids is not None
+    assert out.logprobs.dtype == torch.float32 and out.top_token_ids.dtype == torch.int64
+    assert torch.allclose(out.logprobs, raw.gather(1, out.token_ids[:, None])[:, 0])
+    assert out.top_token_ids.shape == out.top_logprobs.shape == (3, 4)
+    top = raw.topk(4, dim=-1)
+    assert torch.equal(out.top_token_ids, top.indices)
+    assert torch.allclose(out.top_logprobs, top.values)
+
+
+def test_logprobs_without_top_logprobs_and_half_precision_logits():
+    logits = rand_logits(2, seed=9).to(torch.bfloat16)
+    out = Sampler()(logits, meta_for([SamplingParams(logprobs=True), SamplingParams()]))
+    assert out.top_token_ids is None and out.top_logprobs is None
+    assert out.logprobs is not None and out.logprobs.dtype == torch.float32
+    raw = logits.float().log_softmax(-1)
+    assert torch.allclose(out.logprobs, raw.gather(1, out.token_ids[:, None])[:, 0])
+
+
+# ---------------------------------------------------------------------------- mixed batch
+
+
+def test_mixed_batch_of_greedy_sampled_and_penalised_rows():
+    params = [SamplingParams(),
+              SamplingParams(temperature=1.0, top_k=1, seed=5),
+              SamplingParams(repetition_penalty=3.0),
+              SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05, typical_p=0.95),
+              SamplingParams(frequency_penalty=2.0, presence_penalty=2.0),
+              SamplingParams(temperature=1.0, logprobs=True)]
+    logits = rand_logits(len(params), seed=10)
+    top = logits.argmax(-1).tolist()
+    outputs = [[], [], [top[2]], [], [top[4]], []]
+    banned = [[], [], [], [], [], [top[5]]]
+    meta = meta_for(params, outputs=outputs, banned=banned,
+                    generators=[None, seeded(5), None, None, None, None])
+    before = logits.clone()
+    torch.manual_seed(0)
+    out = Sampler()(logits, meta)
+    assert torch.equal(logits, before)
+    tokens = out.token_ids.tolist()
+    assert tokens[:2] == top[:2]  # greedy; top_k=1
+    penalised = apply_penalties(logits, meta)
+    assert tokens[2] == penalised[2].argmax() != top[2]  # penalties moved both argmaxes
+    assert tokens[4] == penalised[4].argmax() != top[4]
+    assert compute_probs(logits, meta)[3, tokens[3]] > 0
+    assert tokens[5] != top[5]
+    assert out.logprobs is not None and out.logprobs.shape == (len(params),)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_sampling_waits_for_the_device_once():
+    params = [SamplingParams(), SamplingParams(temperature=0.9, top_p=0.9, seed=1, logprobs=True),
+              SamplingParams(temperature=1.0, top_k=5, repetition_penalty=1.2, top_logprobs=3)]
+    logits = rand_logits(3).cuda()
+    meta = meta_for(params, prompts=[[1, 2]] * 3, outputs=[[3]] * 3, banned=[[4]] * 3,
+                    generators=[None, torch.Generator("cuda").manual_seed(1), None],
+                    device="cuda")
+    Sampler()(logits, meta)  # warm up lazy initialisation
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            Sampler()(logits, meta)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_cuda_batch_matches_seeded_reproducibility_and_returns_cpu_tensors():
+    params = [SamplingParams(temperature=0.9, top_k=10, seed=11, top_logprobs=2),
+              SamplingParams(), SamplingParams(temperature=1.0, repetition_penalty=1.2)]
+    logits = rand_logits(3, seed=12).cuda().half()
+
+    def run(rows: list[int]) -> torch.Tensor:
+        gens = [torch.Generator("cuda").manual_seed(11) if i == 0 else None for i in rows]
+        meta = meta_for([params[i] for i in rows], generators=gens, outputs=[[1]] * len(rows),
+                        device="cuda")
+        out = Sampler()(logits[rows], meta)
+        assert out.token_ids.device.type == "cpu" and out.top_logprobs is not None
+        assert out.top_logprobs.device.type == "cpu"
+        return out.token_ids
+
+    assert run([0])[0] == run([2, 1, 0])[2]
+    assert run([1, 0])[0] == logits[1].argmax().item()
+    cpu_gen_meta = meta_for(params[:1], generators=[seeded(11)], device="cuda")
+    assert Sampler()(logits[:1], cpu_gen_meta).token_ids.shape == (1,)
