@@ -45,9 +45,9 @@ class SyntheticMaskFactory:
         return logits.masked_fill(masks.to(logits.device), -torch.inf)
 
 
-def _steps_ms(engine: LLMEngine, prompts: list[list[int]], processors: list, new: int) -> float:
-    params = SamplingParams(max_new_tokens=new, min_new_tokens=new,
-                            logits_processors=processors)
+def ms_per_decode_step(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
+                       ) -> float:
+    """Run ``prompts`` together to completion; mean ms of the steps after the prefill."""
     for i, ids in enumerate(prompts):
         engine.add_request(f"p{i}-{time.perf_counter_ns()}", ids, params)
     engine.step()  # prefill
@@ -55,7 +55,12 @@ def _steps_ms(engine: LLMEngine, prompts: list[list[int]], processors: list, new
     while engine.has_work:
         engine.step()
         steps += 1
-    return (time.perf_counter() - t0) / steps * 1000
+    return (time.perf_counter() - t0) / max(1, steps) * 1000
+
+
+def _steps_ms(engine: LLMEngine, prompts: list[list[int]], processors: list, new: int) -> float:
+    return ms_per_decode_step(engine, prompts, SamplingParams(
+        max_new_tokens=new, min_new_tokens=new, logits_processors=processors))
 
 
 def measure(engine: LLMEngine, prompts: list[list[int]], new: int = 24) -> dict[str, float]:

@@ -10,6 +10,7 @@ import time
 
 import jsonschema
 
+from bench.processors import ms_per_decode_step
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from structured.lmfe_backend import unenforced_keywords
@@ -28,28 +29,17 @@ def _chat(engine: LLMEngine, text: str) -> list[int]:
     return list(enc["input_ids"])
 
 
-def _ms_per_step(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> float:
-    for i, ids in enumerate(prompts):
-        engine.add_request(f"s{i}-{time.perf_counter_ns()}", ids, params)
-    engine.step()  # prefill
-    t0, steps = time.perf_counter(), 0
-    while engine.has_work:
-        engine.step()
-        steps += 1
-    return (time.perf_counter() - t0) / max(1, steps) * 1000
-
-
 def overhead(engine: LLMEngine, so: StructuredOutputs, new: int = 48) -> list[dict]:
     rows = []
     for batch in (1, 16):
         prompts = [_chat(engine, f"Write story {i} as JSON with a title, a story and tags.")
                    for i in range(batch)]
-        free = _ms_per_step(engine, prompts, SamplingParams(max_new_tokens=new,
+        free = ms_per_decode_step(engine, prompts, SamplingParams(max_new_tokens=new,
                                                             min_new_tokens=new))
         for backend in (XGRAMMAR, LM_FORMAT_ENFORCER):
             f = asyncio.run(so.factory(StructuredSpec("json_schema", json.dumps(STORY_SCHEMA),
                                                       backend)))
-            ms = _ms_per_step(engine, prompts, SamplingParams(max_new_tokens=new,
+            ms = ms_per_decode_step(engine, prompts, SamplingParams(max_new_tokens=new,
                                                               logits_processors=[f]))
             rows.append({"backend": backend, "batch": batch, "ms_per_step_free": free,
                          "ms_per_step_constrained": ms, "overhead": ms / free - 1})
