@@ -136,6 +136,7 @@ def test_health_serving_and_reflection(grpc_server):
         assert resp.file_descriptor_response.file_descriptor_proto
 
 
+STOP4 = pb.StoppingCriteria(max_new_tokens=4)
 INVALID = [
     (pb.GenerateRequest(), "input"),
     (pb.GenerateRequest(prompt=""), "prompt"),
@@ -167,10 +168,13 @@ INVALID = [
      "stop_token_ids"),
     (req(stopping=pb.StoppingCriteria(max_new_tokens=4, min_new_tokens=9)), "min_new_tokens"),
     (req(request_id="x" * 300), "request_id"),
-    (req(structured_output=pb.StructuredOutput(regex="")), "structured_output.regex"),
-    (req(structured_output=pb.StructuredOutput(regex="([a-")), "structured_output.regex"),
-    (req(structured_output=pb.StructuredOutput(choice=pb.ChoiceList())),
+    (req(structured_output=pb.StructuredOutput(regex=""), stopping=STOP4),
+     "structured_output.regex"),
+    (req(structured_output=pb.StructuredOutput(regex="([a-"), stopping=STOP4),
+     "structured_output.regex"),
+    (req(structured_output=pb.StructuredOutput(choice=pb.ChoiceList()), stopping=STOP4),
      "structured_output.choice"),
+    (req(structured_output=pb.StructuredOutput(regex="[a-z]+")), "stopping.ignore_eos"),
     (req(speculative=pb.SpeculativeOptions(enabled=True)), "speculative"),
     (req(processors=[pb.ProcessorRef(name="nope")]), "processors[0]"),
 ]
