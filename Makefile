@@ -42,6 +42,7 @@ $(BUF): package.json
 
 lint: $(BUF)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy engine service structured specdecode bench
 	$(BUF) lint
 
 bench:

@@ -128,6 +128,7 @@ def grpc_clients(address: str, clients: int, per_client: int, new: int) -> Row:
                     if first is None and msg.token_ids:
                         first = time.perf_counter()
                 end = time.perf_counter()
+                assert first is not None, "the stream produced no tokens"
                 with lock:
                     ttfts.append(first - t0)
                     tpots.append((end - first) / (new - 1))

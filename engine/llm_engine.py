@@ -47,7 +47,8 @@ class EngineStats:
 class LLMEngine:
     def __init__(self, config: EngineConfig, share_weights: LLMEngine | None = None) -> None:
         self.config = config
-        self.runner = ModelRunner(config, share_weights.runner if share_weights else None)
+        self.runner: ModelRunner = ModelRunner(
+            config, share_weights.runner if share_weights else None)
         self.tokenizer = self.runner.tokenizer
         self.info = ModelInfo(
             model_id=self.runner.model_id,
@@ -126,7 +127,10 @@ class LLMEngine:
             seq.generator = torch.Generator(self.runner.device).manual_seed(params.seed + index)
         try:
             for p in params.logits_processors:
-                seq.processors.append((p.create(), p) if is_factory(p) else (p, None))
+                if is_factory(p):
+                    seq.processors.append((p.create(), p))
+                else:
+                    seq.processors.append((p, None))
         except Exception as e:  # a failing factory fails only this sequence
             self._fail(seq, e)
         return seq

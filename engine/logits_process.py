@@ -14,7 +14,7 @@ reason the product is handed back with ``release()`` exactly once, so the factor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import torch
 
@@ -33,5 +33,5 @@ class LogitsProcessorFactory(Protocol):
     def release(self, processor: LogitsProcessor) -> None: ...
 
 
-def is_factory(obj: object) -> bool:
+def is_factory(obj: object) -> TypeGuard[LogitsProcessorFactory]:
     return isinstance(obj, LogitsProcessorFactory)

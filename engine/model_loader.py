@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,7 +85,8 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    model = AutoModelForCausalLM.from_pretrained(
+    # Typed Any: transformers' own annotation of .to() confuses type checkers.
+    model: Any = AutoModelForCausalLM.from_pretrained(
         source.directory, dtype=dtype, attn_implementation=attn_implementation, **kwargs
     )
     model.to(device).eval()

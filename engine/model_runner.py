@@ -137,8 +137,8 @@ class ModelRunner:
             max_blocks = max(-(-(r.position + 1) // bs) for r in decodes)
             tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
             for i, r in enumerate(decodes):
-                row = r.block_table[:max_blocks]
-                tables[i, :len(row)] = torch.tensor(row)
+                blocks = r.block_table[:max_blocks]
+                tables[i, :len(blocks)] = torch.tensor(blocks)
             ctx = torch.tensor([r.position + 1 for r in decodes])
             mask = torch.arange(max_blocks * bs)[None, :] < ctx[:, None]
             meta.decode_block_tables = tables.to(self.device)

@@ -80,9 +80,11 @@ class ProcessorRunner:
                     step.groups.setdefault(key, _Group(factory, [])).rows.append(i)
         for (j, _), group in step.groups.items():
             rows = [seqs[i] for i in group.rows]
-            args = (group.factory.prepare_batch, [s.processors[j][0] for s in rows],
-                    [s.prompt_token_ids for s in rows], [list(s.output_token_ids) for s in rows])
-            group.future = self._executor().submit(*args) if self.overlap else _Done(*args)
+            fn = group.factory.prepare_batch
+            args = ([s.processors[j][0] for s in rows], [s.prompt_token_ids for s in rows],
+                    [list(s.output_token_ids) for s in rows])
+            group.future = (self._executor().submit(fn, *args) if self.overlap
+                            else _Done(fn, *args))
         return step
 
     def apply(self, step: PreparedStep, logits: torch.Tensor) -> dict[int, BaseException]:

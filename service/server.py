@@ -161,7 +161,9 @@ async def serve(config: ServerConfig) -> None:
     await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if starting.done() and starting.exception() is not None and not server.state.draining:
         await server.drain()
-        raise starting.exception()
+        error = starting.exception()
+        assert error is not None
+        raise error
     await stopped
     if not starting.done():
         starting.cancel()

@@ -20,7 +20,8 @@ from structured.manager import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
-FINISH = {
+FINISH: dict[FinishReason | None, int] = {
+    None: pb.FINISH_REASON_UNSPECIFIED,
     FinishReason.EOS: pb.FINISH_REASON_EOS,
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.STOP_SEQUENCE: pb.FINISH_REASON_STOP_SEQUENCE,
@@ -76,7 +77,7 @@ def _usage_pb(u: Usage) -> pb.Usage:
 def _completion_pb(c: Completion, want_ids: bool) -> pb.Completion:
     return pb.Completion(
         index=c.index, text=c.text, token_ids=c.token_ids if want_ids else [],
-        finish_reason=FINISH.get(c.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+        finish_reason=FINISH[c.finish_reason],
         stop_sequence=c.stop_sequence or "", logprobs=_logprobs_pb(c.logprobs),
         error=c.error or "")
 
@@ -92,8 +93,14 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     # ---- helpers --------------------------------------------------------------------
 
+    @property
+    def _live(self) -> AsyncEngine:
+        """The engine, once ready (``_check_open`` turned every call away before that)."""
+        assert self.engine is not None
+        return self.engine
+
     def _parse(self, req: pb.GenerateRequest) -> ParsedRequest:
-        return parse_request(req, self.engine.tokenizer, self.engine.info, self.limits,
+        return parse_request(req, self._live.tokenizer, self._live.info, self.limits,
                              self.registry)
 
     async def _check_open(self, context) -> None:
@@ -135,8 +142,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     def _stream(self, parsed: ParsedRequest):
         """The engine's output stream; closing it (aclosing) aborts the request at once."""
-        return self.engine.generate(parsed.engine_request_id, parsed.prompt_token_ids,
-                                    parsed.params)
+        return self._live.generate(parsed.engine_request_id, parsed.prompt_token_ids,
+                                   parsed.params)
 
     async def _answer(self, context, coro):
         self.state.in_flight += 1
@@ -224,7 +231,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def _delta_pb(parsed: ParsedRequest, d: CompletionDelta) -> pb.GenerateStreamResponse:
         return pb.GenerateStreamResponse(
             request_id=parsed.request_id, index=d.index, text=d.text, token_ids=d.token_ids,
-            finish_reason=FINISH.get(d.finish_reason, pb.FINISH_REASON_UNSPECIFIED),
+            finish_reason=FINISH[d.finish_reason],
             stop_sequence=d.stop_sequence or "", logprobs=_logprobs_pb(d.logprobs),
             error=d.error or "")
 

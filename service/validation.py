@@ -65,9 +65,10 @@ def structured_spec(so: pb.StructuredOutput) -> StructuredSpec | None:
             raise InvalidArgument("structured_output.json_object must be true when set")
         value = ""
     else:
-        value = getattr(so, kind)
-        if not value.strip():
+        text: str = getattr(so, kind)
+        if not text.strip():
             raise InvalidArgument(f"structured_output.{kind} must not be empty")
+        value = text
     return StructuredSpec(kind, value, _BACKENDS[so.backend])
 
 
