@@ -36,7 +36,11 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead: BaseException | None = None
+        # Read by the asyncio thread, written by the loop thread: plain ints behind a lock,
+        # never the scheduler's own containers (iterating those mid-step would race).
+        self._lock = threading.Lock()
         self._pending_adds = 0
+        self._waiting_snapshot = 0
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> AsyncEngine:
@@ -73,12 +77,13 @@ class AsyncEngine:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.engine.check_request(prompt_token_ids, params)
-        waiting = self.engine.num_waiting_requests() + self._pending_adds
-        if waiting >= self.config.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+        with self._lock:
+            if self._waiting_snapshot + self._pending_adds >= self.config.max_waiting:
+                raise QueueFullError(
+                    f"waiting queue is full ({self.config.max_waiting} requests)")
+            self._pending_adds += 1
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
-        self._pending_adds += 1
         self._post(("add", (request_id, list(prompt_token_ids), params)))
         finished = False
         try:
@@ -124,13 +129,14 @@ class AsyncEngine:
                 self.engine.abort(arg)
                 continue
             request_id, prompt, params = arg
-            self._pending_adds -= 1
-            if request_id not in self._streams:
-                continue  # cancelled before it reached the engine
-            try:
-                self.engine.add_request(request_id, prompt, params)
-            except (ValueError, QueueFullError) as e:
-                self._send(request_id, e)
+            if request_id in self._streams:  # else cancelled before it reached the engine
+                try:
+                    self.engine.add_request(request_id, prompt, params)
+                except (ValueError, QueueFullError) as e:
+                    self._send(request_id, e)
+            with self._lock:
+                self._pending_adds -= 1
+                self._waiting_snapshot = self.engine.num_waiting_requests()
 
     def _run(self) -> None:
         try:
@@ -142,6 +148,8 @@ class AsyncEngine:
                     continue
                 for out in self.engine.step():
                     self._send(out.request_id, out)
+                with self._lock:
+                    self._waiting_snapshot = self.engine.num_waiting_requests()
         except BaseException as e:  # a bug in the engine: fail every stream loudly
             log.exception("engine loop crashed")
             self._dead = e
