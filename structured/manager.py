@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 from structured.grammar import StructuredBackend
 from structured.lmfe_backend import LMFEBackend
@@ -32,6 +33,14 @@ class StructuredConfig:
     cache_size: int = 256
     max_consecutive_whitespace: int = 12
     compile_threads: int = 2
+
+
+class CompileObserver(Protocol):
+    """Told of every compile (from a worker thread) and cache lookup, e.g. for metrics."""
+
+    def on_compile(self, backend: str, seconds: float, ok: bool) -> None: ...
+
+    def on_cache_lookup(self, backend: str, hit: bool) -> None: ...
 
 
 @dataclass
@@ -58,6 +67,14 @@ class StructuredOutputs:
                                         thread_name_prefix="genserve-compile")
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
         self.stats = CompileStats()
+        self.observers: list[CompileObserver] = []
+
+    def _notify(self, event: str, *args) -> None:
+        for observer in list(self.observers):
+            try:
+                getattr(observer, event)(*args)
+            except Exception:
+                log.exception("structured-output observer failed")
 
     def kinds(self) -> dict[str, list[str]]:
         return {name: sorted(b.kinds) for name, b in self.backends.items()}
@@ -78,8 +95,14 @@ class StructuredOutputs:
 
     def _compile(self, backend: StructuredBackend, spec: StructuredSpec) -> GrammarFactory:
         start = time.perf_counter()
-        compiled = backend.compile(spec)
-        self.stats.compile_seconds += time.perf_counter() - start
+        try:
+            compiled = backend.compile(spec)
+        except BaseException:
+            self._notify("on_compile", backend.name, time.perf_counter() - start, False)
+            raise
+        elapsed = time.perf_counter() - start
+        self.stats.compile_seconds += elapsed
+        self._notify("on_compile", backend.name, elapsed, True)
         self.stats.compiles += 1
         return GrammarFactory(compiled, self.vocab_size, backend.name)
 
@@ -89,7 +112,9 @@ class StructuredOutputs:
         if fut is not None and not (fut.done() and fut.exception() is not None):
             self._cache.move_to_end(key)
             self.stats.cache_hits += 1
+            self._notify("on_cache_lookup", backend.name, True)
             return fut
+        self._notify("on_cache_lookup", backend.name, False)
         fut = self._pool.submit(self._compile, backend, spec)
         self._cache[key] = fut
         while len(self._cache) > self.config.cache_size:

@@ -18,18 +18,39 @@ from structured.grammar import CompiledGrammar, Grammar, bitmask_words
 
 
 class GrammarProcessor:
-    """One sequence's grammar state, kept in step with the tokens it has emitted."""
+    """One sequence's grammar state, kept in step with the tokens it has emitted.
+
+    Speculative decoding calls it on rows whose ``output_ids`` run ahead through proposed
+    tokens, and later on the real output, which may have dropped some of them: ``sync``
+    rolls the grammar back to the common prefix before accepting what is new.
+    """
 
     def __init__(self, grammar: Grammar, vocab_size: int) -> None:
         self.grammar = grammar
         self.vocab_size = vocab_size
-        self.num_accepted = 0
+        self.history: list[int] = []  # the tokens the grammar has accepted, in order
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.history)
 
     def sync(self, output_ids: Sequence[int]) -> None:
-        new = list(output_ids[self.num_accepted:])
+        h = self.history
+        common = min(len(h), len(output_ids))
+        if h[:common] != list(output_ids[:common]):
+            common = next(i for i in range(common) if h[i] != output_ids[i])
+        if common < len(h):
+            self.grammar.rollback(len(h) - common)
+            del h[common:]
+        new = list(output_ids[common:])
         if new and not self.grammar.accept_tokens(new):
             raise RuntimeError(f"the grammar rejected emitted tokens {new}")
-        self.num_accepted = len(output_ids)
+        h.extend(new)
+
+    def validate_proposals(self, output_ids: Sequence[int], proposals: Sequence[int]) -> int:
+        """How many leading proposed tokens the grammar allows after ``output_ids``."""
+        self.sync(output_ids)
+        return self.grammar.validate_tokens(proposals)
 
     def fill(self, bitmask: torch.Tensor, row: int, output_ids: Sequence[int]) -> None:
         self.sync(output_ids)
