@@ -6,6 +6,21 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class SpeculativeConfig:
+    """Speculative decoding; ``method`` None = off. CLI: ``--spec-*``."""
+
+    method: str | None = None  # None | "ngram" | "draft"
+    num_spec_tokens: int = 4  # k: tokens proposed per sequence per step
+    draft_model: str | None = None  # method "draft": HF dir / .gguf / "default" / "self:N"
+    ngram_min: int = 1  # n-gram lookup tries n = ngram_max down to ngram_min
+    ngram_max: int = 4
+    # Speculation turns off for a step when more sequences run than this: a big batch is
+    # already compute bound and the k extra rows per sequence would only slow it down.
+    disable_batch_size: int = 8
+    enabled_by_default: bool = True  # for requests that leave speculative.enabled unset
+
+
+@dataclass
 class EngineConfig:
     """Knobs of the engine; the CLI flags of ``genserve serve`` map onto these 1:1."""
 
@@ -23,6 +38,7 @@ class EngineConfig:
     # only when the forward leaves a CPU core free (CUDA, or more cores than torch uses);
     # on a CPU whose cores the forward saturates, overlapping measured slower (make bench).
     overlap_prepare: bool | None = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 @dataclass
@@ -31,6 +47,8 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int] = field(default_factory=list)
+    spec_method: str = ""  # "" = speculative decoding off
+    spec_k: int = 0
 
 
 class QueueFullError(RuntimeError):

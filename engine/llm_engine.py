@@ -21,11 +21,14 @@ from engine.logits_process import is_factory
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
 from engine.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
 from engine.processors import ProcessorRunner
-from engine.sampler import Sampler, SamplingMetadata
+from engine.sampler import Sampler, SamplingMetadata, apply_penalties, compute_probs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.stop_checker import OutputState
+from specdecode.batch_expansion import contract, expand
+from specdecode.proposals import Proposals
+from specdecode.rejection import rejection_sample, verify_greedy
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +41,35 @@ class EngineStats:
     kv_blocks_total: int
     kv_blocks_used: int
     num_preemptions: int
+    # Speculative decoding, cumulative since start: steps that speculated, tokens proposed,
+    # proposals accepted, tokens emitted by those steps (accepted + one bonus per sequence).
+    spec_steps: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_emitted_tokens: int = 0
 
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / max(1, self.kv_blocks_total)
+
+
+@dataclass
+class SpecStats:
+    steps: int = 0  # verification passes (one per step that speculated)
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0
+
+
+def _rows_of(i: int, lengths: list[int]) -> range:
+    first = sum(lengths[:i]) + i
+    return range(first, first + lengths[i] + 1)
+
+
+def _per_seq(alive: torch.Tensor, lengths: list[int]) -> list[bool]:
+    """A sequence lives only if every one of its expanded rows does."""
+    flags = alive.tolist()
+    return [all(flags[r] for r in _rows_of(i, lengths)) for i in range(len(lengths))]
 
 
 class LLMEngine:
@@ -64,6 +92,14 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._touched: dict[str, Request] = {}
+        self.spec_stats = SpecStats()
+        self.speculator = None
+        if config.speculative.method:
+            from specdecode.worker import Speculator  # only when speculation is configured
+
+            self.speculator = Speculator(config, self.runner)
+            self.info.spec_method = config.speculative.method
+            self.info.spec_k = config.speculative.num_spec_tokens
 
     def _overlap_prepare(self) -> bool:
         if self.config.overlap_prepare is not None:
@@ -142,6 +178,9 @@ class LLMEngine:
         for seq in req.sequences:
             if not seq.is_finished:
                 self._finish(seq, FinishReason.ABORTED)
+        # gone from the request count at once (gauges, queue bounds); its last output
+        # still goes out with the next step's collection
+        self.requests.pop(request_id, None)
 
     # ---- finishing ------------------------------------------------------------------
 
@@ -154,6 +193,8 @@ class LLMEngine:
 
     def _close(self, seq: Sequence, reason: FinishReason, stop: str | None,
                error: str | None) -> None:
+        if self.speculator is not None:
+            self.speculator.release(seq)
         delta = seq.delta()
         delta.finish_reason = reason
         delta.stop_sequence = stop
@@ -189,7 +230,7 @@ class LLMEngine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests or self._touched)
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
@@ -214,19 +255,100 @@ class LLMEngine:
                                             seq.block_table, s.samples))
                 if s.samples:
                     prefill_seqs.append(seq)
-        seqs = decode_seqs + prefill_seqs
+        proposals = self._propose(decode_seqs)
+        rows: list = decode_seqs + prefill_seqs  # what each logits row's processors see
+        if proposals is not None:
+            decodes, rows = [], []
+            for seq, props in zip(decode_seqs, proposals.token_ids, strict=True):
+                seq_rows, views = expand(seq, props)
+                decodes.extend(seq_rows)
+                rows.extend(views if props else [seq])
+            rows.extend(prefill_seqs)
         # Batched processors prepare (e.g. grammar bitmasks) while the forward runs.
-        prepared = (self.processor_runner.prepare(seqs)
-                    if any(s.processors for s in seqs) else None)
+        prepared = (self.processor_runner.prepare(rows)
+                    if any(r.processors for r in rows) else None)
         logits = self.runner.execute(decodes, prefills)
         for s in scheduled:
             s.seq.num_computed_tokens += s.num_tokens
-        alive = torch.ones(len(seqs), dtype=torch.bool)
+        alive = torch.ones(len(rows), dtype=torch.bool)
         if prepared is not None:
             for i, exc in self.processor_runner.apply(prepared, logits).items():
-                self._fail(seqs[i], exc)
                 alive[i] = False
-        self._sample(seqs, logits, alive)
+                seq = rows[i] if isinstance(rows[i], Sequence) else rows[i].seq
+                if not seq.is_finished:
+                    self._fail(seq, exc)
+        if proposals is None:
+            self._sample(decode_seqs + prefill_seqs, logits, alive)
+            return
+        # Sequences with proposals are verified; the rest sample one token as usual.
+        plain_rows: list[int] = []
+        spec_rows: list[int] = []
+        spec_seqs: list[Sequence] = []
+        spec_props: list[list[int]] = []
+        row = 0
+        for seq, props in zip(decode_seqs, proposals.token_ids, strict=True):
+            n = len(props) + 1
+            if props:
+                spec_rows.extend(range(row, row + n))
+                spec_seqs.append(seq)
+                spec_props.append(props)
+            else:
+                plain_rows.append(row)
+            row += n
+        plain_rows.extend(range(row, row + len(prefill_seqs)))
+        plain_seqs = [s for s, p in zip(decode_seqs, proposals.token_ids, strict=True)
+                      if not p] + prefill_seqs
+        if plain_seqs:
+            index = torch.tensor(plain_rows)
+            self._sample(plain_seqs, logits[index.to(logits.device)], alive[index])
+        if spec_seqs:
+            q = None
+            if proposals.probs is not None:
+                which = [i for i, p in enumerate(proposals.token_ids) if p]
+                q = proposals.probs[torch.tensor(which, device=proposals.probs.device)]
+            index = torch.tensor(spec_rows)
+            self._verify(spec_seqs, spec_props, q, logits[index.to(logits.device)],
+                         alive[index])
+
+    def _propose(self, seqs: list[Sequence]) -> Proposals | None:
+        """Proposals for this step's decodes, trimmed by each sequence's grammar and the
+        KV blocks free; None when nothing is proposed (speculation off or no guesses)."""
+        spec = self.speculator
+        if spec is None or not seqs or len(self.scheduler.running) > spec.disable_batch_size:
+            return None
+        proposals = spec.propose(seqs)
+        for i, seq in enumerate(seqs):
+            props = proposals.token_ids[i]
+            # Never propose past an end token: the rows after it would score a sequence
+            # that has ended (and a grammar cannot step beyond its end).
+            ends = self._eos.union(seq.request.params.stop_token_ids)
+            cut = next((j for j, t in enumerate(props) if t in ends), None)
+            if cut is not None:
+                proposals.truncate(i, cut)
+            if not props:
+                continue
+            for product, _ in seq.processors:
+                validate = getattr(product, "validate_proposals", None)
+                if validate is not None and props:
+                    try:
+                        proposals.truncate(i, validate(seq.output_token_ids, props))
+                    except Exception:  # the real step will surface a broken processor
+                        proposals.truncate(i, 0)
+            if props and not self.scheduler.ensure_blocks(seq, seq.num_tokens + len(props)):
+                proposals.truncate(i, 0)
+        return proposals if proposals.num_tokens else None
+
+    def _row_bans(self, seq: Sequence, logits: torch.Tensor, extra: int) -> list[int]:
+        """EOS / stop ids banned while min_new_tokens is unmet (``extra`` tokens ahead of
+        the emitted output), but never every token a processor left open (a grammar that
+        can only end): the processor's end wins over the minimum."""
+        banned = self._banned(seq, extra)
+        if banned and seq.processors:
+            finite = torch.isfinite(logits)
+            if int(finite.sum()) <= int(finite[banned].sum()):
+                seq.output.min_new_tokens = 0
+                return []
+        return banned
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, alive: torch.Tensor) -> None:
         if not alive.all():
@@ -235,15 +357,7 @@ class LLMEngine:
             logits = logits[keep.to(logits.device)]
         if not seqs:
             return
-        banned = [self._banned(s) for s in seqs]
-        for i, seq in enumerate(seqs):
-            # min_new_tokens bans EOS/stop ids, but never every token a processor left open
-            # (a grammar that can only end): the processor's end wins over the minimum.
-            if banned[i] and seq.processors:
-                finite = torch.isfinite(logits[i])
-                if int(finite.sum()) <= int(finite[banned[i]].sum()):
-                    banned[i] = []
-                    seq.output.min_new_tokens = 0
+        banned = [self._row_bans(s, logits[i], 0) for i, s in enumerate(seqs)]
         meta = SamplingMetadata.build(
             [s.request.params for s in seqs],
             [s.prompt_token_ids for s in seqs],
@@ -255,33 +369,114 @@ class LLMEngine:
         out = self.sampler(logits, meta)
         token_ids = out.token_ids.tolist()
         for i, seq in enumerate(seqs):
-            self._emit(seq, [token_ids[i]], out, i)
+            lps = None
+            if out.logprobs is not None:
+                k = seq.request.params.top_logprobs
+                top = []
+                if k and out.top_token_ids is not None and out.top_logprobs is not None:
+                    top = list(zip(out.top_token_ids[i, :k].tolist(),
+                                   out.top_logprobs[i, :k].tolist(), strict=True))
+                lps = [TokenLogprob(token_ids[i], float(out.logprobs[i]), top)]
+            self._emit(seq, [token_ids[i]], lps)
 
-    def _banned(self, seq: Sequence) -> list[int]:
+    def _verify(self, seqs: list[Sequence], proposals: list[list[int]], q: torch.Tensor | None,
+                logits: torch.Tensor, alive: torch.Tensor) -> None:
+        """Score each sequence's ``m + 1`` rows (grouped in ``logits``) and emit the accepted
+        proposals plus the bonus token. Every row gets the sampling treatment of its own
+        prefix: penalties over output + the proposals before it, min-token bans."""
+        lengths = [len(p) for p in proposals]
+        dead = {i for i, ok in enumerate(_per_seq(alive, lengths)) if not ok}
+        if dead:
+            keep = [i for i in range(len(seqs)) if i not in dead]
+            rows = torch.tensor([r for i in keep for r in _rows_of(i, lengths)])
+            seqs = [seqs[i] for i in keep]
+            proposals = [proposals[i] for i in keep]
+            q = None if q is None else q[torch.tensor(keep, device=q.device)]
+            lengths = [lengths[i] for i in keep]
+            logits = logits[rows.to(logits.device)]
+            if not seqs:
+                return
+        params, prompts, outputs, banned = [], [], [], []
+        row = 0
+        for seq, props in zip(seqs, proposals, strict=True):
+            for j in range(len(props) + 1):
+                params.append(seq.request.params)
+                prompts.append(seq.prompt_token_ids)
+                outputs.append(seq.output_token_ids + props[:j])
+                banned.append(self._row_bans(seq, logits[row], j))
+                row += 1
+        # The verification draws its randomness itself (the sequences' generators).
+        meta = SamplingMetadata.build(params, prompts, outputs, [None] * row, banned,
+                                      logits.device)
+        draft = torch.tensor([p + [0] * (max(lengths) - len(p)) for p in proposals])
+        lens = torch.tensor(lengths)
+        if meta.all_greedy:
+            target = apply_penalties(logits.float(), meta).argmax(-1)
+            verified = verify_greedy(contract(target, lengths).cpu(), draft, lens)
+        else:
+            probs = contract(compute_probs(logits, meta), lengths)
+            verified = rejection_sample(probs, draft, lens, q, [s.generator for s in seqs])
+        logprobs = self._spec_logprobs(seqs, logits, lengths, verified.token_ids, meta)
+        self.spec_stats.steps += 1
+        for i, seq in enumerate(seqs):
+            usage = seq.request.usage
+            usage.spec_proposed_tokens += lengths[i]
+            usage.spec_accepted_tokens += verified.num_accepted[i]
+            self.spec_stats.proposed += lengths[i]
+            self.spec_stats.accepted += verified.num_accepted[i]
+            self.spec_stats.emitted += len(verified.token_ids[i])
+            if self.speculator is not None:
+                self.speculator.observe(seq, verified.num_accepted[i])
+            self._emit(seq, verified.token_ids[i], logprobs[i] if logprobs else None)
+
+    @staticmethod
+    def _spec_logprobs(seqs: list[Sequence], logits: torch.Tensor, lengths: list[int],
+                       emitted: list[list[int]], meta: SamplingMetadata
+                       ) -> list[list[TokenLogprob]] | None:
+        """Raw-distribution logprobs of every emitted token, from the row that chose it."""
+        if not meta.need_logprobs:
+            return None
+        rows: list[int] = []
+        ids: list[int] = []
+        for i, tokens in enumerate(emitted):
+            rows.extend(_rows_of(i, lengths)[:len(tokens)])
+            ids.extend(tokens)
+        logp = logits[torch.tensor(rows, device=logits.device)].float().log_softmax(-1)
+        chosen = logp.gather(1, torch.tensor(ids, device=logp.device)[:, None])[:, 0].tolist()
+        k = min(meta.max_top_logprobs, logp.shape[1])
+        top = logp.topk(k, dim=-1) if k else None
+        top_ids = top.indices.tolist() if top is not None else []
+        top_lps = top.values.tolist() if top is not None else []
+        out, r = [], 0
+        for seq, tokens in zip(seqs, emitted, strict=True):
+            kk = seq.request.params.top_logprobs
+            lps = []
+            for t in tokens:
+                pairs = list(zip(top_ids[r][:kk], top_lps[r][:kk], strict=True)) if kk else []
+                lps.append(TokenLogprob(t, chosen[r], pairs))
+                r += 1
+            out.append(lps)
+        return out
+
+    def _banned(self, seq: Sequence, extra: int = 0) -> list[int]:
         params = seq.request.params
-        if len(seq.output_token_ids) >= seq.output.min_new_tokens:
+        if len(seq.output_token_ids) + extra >= seq.output.min_new_tokens:
             return []
         banned = list(params.stop_token_ids)
         if not params.ignore_eos:
             banned.extend(self._eos)
         return banned
 
-    def _emit(self, seq: Sequence, token_ids: list[int], out, row: int) -> None:
+    def _emit(self, seq: Sequence, token_ids: list[int],
+              logprobs: list[TokenLogprob] | None) -> None:
         res = seq.output.append(token_ids)
         seq.output_token_ids.extend(res.token_ids)
         seq.request.usage.completion_tokens += len(res.token_ids)
         delta = seq.delta()
         delta.text += res.text
         delta.token_ids.extend(res.token_ids)
-        params = seq.request.params
-        if res.token_ids and (params.logprobs or params.top_logprobs):
-            k = params.top_logprobs
-            top = []
-            if k:
-                ids = out.top_token_ids[row, :k].tolist()
-                lps = out.top_logprobs[row, :k].tolist()
-                top = list(zip(ids, lps, strict=True))
-            delta.logprobs.append(TokenLogprob(res.token_ids[0], float(out.logprobs[row]), top))
+        if logprobs:
+            delta.logprobs.extend(logprobs[:len(res.token_ids)])
         self._touched[seq.request.request_id] = seq.request
         if res.finish_reason is not None:
             self._close(seq, res.finish_reason, res.stop_sequence, None)
@@ -309,4 +504,8 @@ class LLMEngine:
             kv_blocks_total=alloc.num_blocks,
             kv_blocks_used=alloc.num_used,
             num_preemptions=self.scheduler.num_preemptions,
+            spec_steps=self.spec_stats.steps,
+            spec_proposed_tokens=self.spec_stats.proposed,
+            spec_accepted_tokens=self.spec_stats.accepted,
+            spec_emitted_tokens=self.spec_stats.emitted,
         )

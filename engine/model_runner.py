@@ -41,9 +41,12 @@ class PrefillWork:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None) -> None:
+    def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,
+                 num_blocks: int | None = None) -> None:
         """``share_weights``: reuse another runner's loaded model and tokenizer (with a KV
-        cache of this config's own size) instead of loading the weights again."""
+        cache of this config's own size) instead of loading the weights again; anything
+        with the same five attributes will do (a self-draft passes a truncated model).
+        ``num_blocks`` sizes the KV cache in blocks instead of ``kv_cache_memory``."""
         if share_weights is None:
             source = resolve_model(config.model)
             self.device = resolve_device(config.device)
@@ -68,7 +71,8 @@ class ModelRunner:
         self.block_size = config.block_size
         spec = KVCacheSpec(text_cfg.num_hidden_layers, n_kv, head_dim, config.block_size,
                            self.dtype)
-        num_blocks = config.kv_cache_memory // spec.bytes_per_block
+        if num_blocks is None:
+            num_blocks = config.kv_cache_memory // spec.bytes_per_block
         if num_blocks < 2:
             raise ValueError(
                 f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer than 2 blocks "
@@ -150,7 +154,7 @@ class ModelRunner:
             input_ids=input_ids,
             position_ids=position_ids,
             use_cache=False,
-            logits_to_keep=torch.tensor(keep, device=self.device),
+            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
             genserve_meta=meta,
         )
         return out.logits[0]

@@ -53,6 +53,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     skip_special_tokens: bool = True
+    speculative: bool | None = None  # None = the server's default (when it speculates)
 
     logits_processors: list[LogitsProcessor | LogitsProcessorFactory | Any] = field(
         default_factory=list

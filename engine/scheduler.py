@@ -64,7 +64,7 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _ensure_blocks(self, seq: Sequence, num_tokens: int) -> bool:
+    def ensure_blocks(self, seq: Sequence, num_tokens: int) -> bool:
         need = -(-num_tokens // self.block_size) - len(seq.block_table)
         if need <= 0:
             return True
@@ -88,7 +88,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self._ensure_blocks(seq, seq.num_computed_tokens + n):
+            while not self.ensure_blocks(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -104,7 +104,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self._ensure_blocks(seq, seq.num_computed_tokens + n):
+            if not self.ensure_blocks(seq, seq.num_computed_tokens + n):
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING

@@ -130,6 +130,8 @@ def test_abort_frees_kv_blocks_and_reports_aborted(tiny_model_dir, prompt_ids):
     engine.step()
     assert engine.runner.allocator.num_used > 0
     engine.abort("a")
+    assert engine.stats().num_requests == 0  # counted out at once, not at the next step
+    assert engine.has_work  # its final output is still to be collected
     outs = engine.step()
     assert engine.runner.allocator.num_used == 0
     assert outs[0].finished
