@@ -42,7 +42,7 @@ $(BUF): package.json
 
 lint: $(BUF)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy engine service structured specdecode bench
+	$(VENV)/bin/mypy engine service structured specdecode bench protos/genserve/client
 	$(BUF) lint
 
 bench:
@@ -50,3 +50,12 @@ bench:
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
+
+# Go, Java and Node clients (clients/): toolchains from apt (root or sudo) and npm, once.
+.PHONY: interop-deps clients
+interop-deps:
+	clients/install-deps.sh
+
+# Go and Java stubs from protos/, then the example clients, built offline.
+clients: interop-deps
+	clients/build.sh

@@ -8,7 +8,8 @@ import logging
 import re
 import sys
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, SpeculativeConfig
+from service.logs import LOG_FORMATS, setup_logging
 from service.validation import ServiceLimits
 from structured.manager import StructuredConfig
 
@@ -90,16 +91,130 @@ def _serve_parser(sub) -> None:
                    help="register a logits-processor plugin (repeatable); banned_phrases and "
                         "no_repeat_window are built in")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text, or json: one JSON object per line (time, level, logger, "
+                        "message, request_id, ...)")
+    p.add_argument("--metrics-port", type=non_negative_int, default=9400,
+                   help="Prometheus metrics over HTTP on --host at this port; 0 = off")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="server certificate chain: serve TLS (needs --tls-key)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                   help="CA bundle for client certificates: require and verify them (mTLS)")
+    _spec_args(p)
+
+
+def _spec_args(p) -> None:
+    sc = SpeculativeConfig()
+    p.add_argument("--spec-method", choices=["ngram", "draft"], default=None,
+                   help="speculative decoding proposer (default: off)")
+    p.add_argument("--spec-draft-model", default=None,
+                   help="draft model for --spec-method draft: HF directory, .gguf file, "
+                        "'default', or 'self:N' (the target's first N layers and its head)")
+    p.add_argument("--num-spec-tokens", type=positive_int, default=sc.num_spec_tokens,
+                   help="tokens proposed per sequence per step (k)")
+    p.add_argument("--spec-ngram-min", type=positive_int, default=sc.ngram_min,
+                   help="shortest n-gram the prompt-lookup proposer matches")
+    p.add_argument("--spec-ngram-max", type=positive_int, default=sc.ngram_max,
+                   help="longest n-gram the prompt-lookup proposer matches (tried first)")
+    p.add_argument("--spec-disable-batch-size", type=positive_int,
+                   default=sc.disable_batch_size,
+                   help="speculation turns off for a step when more sequences run than this")
+    p.add_argument("--spec-off-by-default", action="store_true",
+                   help="speculate only for requests that set speculative.enabled=true")
+
+
+def _spec_config(args) -> SpeculativeConfig:
+    if args.spec_method == "draft" and not args.spec_draft_model:
+        raise SystemExit("--spec-method draft needs --spec-draft-model (a model or self:N)")
+    if args.spec_ngram_min > args.spec_ngram_max:
+        raise SystemExit("--spec-ngram-min must be <= --spec-ngram-max")
+    return SpeculativeConfig(
+        method=args.spec_method, num_spec_tokens=args.num_spec_tokens,
+        draft_model=args.spec_draft_model, ngram_min=args.spec_ngram_min,
+        ngram_max=args.spec_ngram_max, disable_batch_size=args.spec_disable_batch_size,
+        enabled_by_default=not args.spec_off_by_default)
+
+
+def _json_spec(text: str) -> str:
+    """--json-schema: inline JSON (starts with '{'), or a file holding it."""
+    import json
+
+    spec, where = text, "inline JSON"
+    if not text.lstrip().startswith("{"):
+        try:
+            with open(text) as f:
+                spec, where = f.read(), f"the file {text!r}"
+        except OSError as e:
+            raise argparse.ArgumentTypeError(
+                f"neither inline JSON nor a readable file: {text!r} ({e.strerror or e})"
+            ) from None
+    try:
+        json.loads(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{where} is not valid JSON: {e}") from None
+    return spec
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def _generate_parser(sub) -> None:
-    p = sub.add_parser("generate", help="call a running server")
-    p.add_argument("prompt")
-    p.add_argument("--address", default="localhost:50051")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--stream", action="store_true")
-    p.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
+    p = sub.add_parser(
+        "generate", help="call a running server (built on genserve.client)",
+        description="Generate text with a running genserve server and print it. A failed "
+                    "call prints 'genserve generate: error: ...' on stderr and exits 1 "
+                    "(2 for bad flags or unreadable files).")
+    p.add_argument("prompt", help="the prompt; '-' reads it from standard input")
+    p.add_argument("--address", default="localhost:50051",
+                   help="host:port or a gRPC target, e.g. dns:///genserve-headless.NS.svc"
+                        ".cluster.local:50051 (calls spread over every address, round_robin); "
+                        "default: %(default)s")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user chat message (the model's chat template)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64,
+                   help="default: %(default)s")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (the default)")
+    p.add_argument("--top-p", type=float, default=None, help="(0, 1]; default: off")
+    p.add_argument("--top-k", type=non_negative_int, default=None, help="default: off")
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="makes sampling (--temperature > 0) reproducible")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop sequence, not included in the output (repeatable)")
+    structured = p.add_argument_group("structured output (at most one)") \
+        .add_mutually_exclusive_group()
+    structured.add_argument("--json-schema", type=_json_spec, metavar="FILE|JSON",
+                            help="output valid JSON for this schema (a file or inline JSON)")
+    structured.add_argument("--json-object", action="store_true",
+                            help="output any JSON object")
+    structured.add_argument("--regex", metavar="REGEX", help="output matching this regex")
+    structured.add_argument("--choice", action="append", metavar="TEXT",
+                            help="output exactly one of these (repeat: --choice a --choice b)")
+    p.add_argument("--stream", action="store_true", help="print text as it is generated")
+    p.add_argument("--json", action="store_true",
+                   help="print the full response as JSON (with --stream: one JSON object "
+                        "per chunk and line)")
+    p.add_argument("--timeout", type=_positive_float, default=120.0,
+                   help="deadline in seconds, of the whole stream with --stream; default: "
+                        "%(default)s")
+    tls = p.add_argument_group("TLS (default: plaintext)")
+    tls.add_argument("--tls", action="store_true",
+                     help="TLS, trusting the system's root certificates")
+    tls.add_argument("--tls-ca", metavar="PEM",
+                     help="TLS, trusting this CA bundle (implies --tls)")
+    tls.add_argument("--tls-cert", metavar="PEM",
+                     help="client certificate for mTLS (needs --tls-key)")
+    tls.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    tls.add_argument("--tls-server-name", metavar="NAME",
+                     help="the name to verify the server's certificate against")
 
 
 def _run_serve(args) -> int:
@@ -110,19 +225,25 @@ def _run_serve(args) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory, block_size=args.block_size, dtype=args.dtype,
         device=args.device, max_waiting=args.max_waiting,
-        max_top_logprobs=args.max_top_logprobs)
+        max_top_logprobs=args.max_top_logprobs, speculative=_spec_config(args))
     limits = ServiceLimits(
         default_max_new_tokens=args.default_max_new_tokens, max_batch_size=args.max_batch_size,
         max_n=args.max_n, max_top_logprobs=args.max_top_logprobs,
         max_stop_sequences=args.max_stop_sequences)
-    config = ServerConfig(host=args.host, port=args.port,
-                          drain_grace_s=args.drain_grace_seconds, limits=limits, engine=engine,
-                          processor_plugins=args.processor_plugin,
-                          structured=None if args.no_structured_output else StructuredConfig(
-                              max_spec_bytes=args.structured_max_spec_bytes,
-                              compile_timeout_s=args.structured_compile_timeout,
-                              cache_size=args.structured_cache_size,
-                              max_consecutive_whitespace=args.structured_max_whitespace))
+    try:
+        config = ServerConfig(
+            host=args.host, port=args.port, drain_grace_s=args.drain_grace_seconds,
+            limits=limits, engine=engine, processor_plugins=args.processor_plugin,
+            structured=None if args.no_structured_output else StructuredConfig(
+                max_spec_bytes=args.structured_max_spec_bytes,
+                compile_timeout_s=args.structured_compile_timeout,
+                cache_size=args.structured_cache_size,
+                max_consecutive_whitespace=args.structured_max_whitespace),
+            metrics_port=args.metrics_port or None, tls_cert=args.tls_cert,
+            tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
+    except ValueError as e:
+        print(f"genserve serve: error: {e}", file=sys.stderr)
+        return 2
     try:
         asyncio.run(serve(config))
     except Exception:
@@ -131,31 +252,59 @@ def _run_serve(args) -> int:
     return 0
 
 
-def _run_generate(args) -> int:
-    import grpc
+def _run_generate(args: argparse.Namespace) -> int:
+    """``genserve generate``: one call through genserve.client; 0 on success, 1 when the
+    call fails, 2 for a bad flag combination or unreadable TLS files."""
+    import json
 
-    from genserve.v1 import generation_pb2 as pb
-    from genserve.v1 import generation_pb2_grpc as pb_grpc
+    from genserve.client import Client, GenerateOptions, GenserveError
 
-    req = pb.GenerateRequest(
-        prompt=args.prompt,
-        sampling=pb.SamplingParameters(temperature=args.temperature),
-        stopping=pb.StoppingCriteria(max_new_tokens=args.max_new_tokens))
-    with grpc.insecure_channel(args.address) as channel:
-        stub = pb_grpc.GenerationServiceStub(channel)
+    def fail(message: str, code: int) -> int:
+        print(f"genserve generate: error: {message}", file=sys.stderr)
+        return code
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    options: GenerateOptions = {"max_new_tokens": args.max_new_tokens,
+                                "temperature": args.temperature}
+    for name in ("top_p", "top_k", "seed", "json_schema", "regex", "choice"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.stop:
+        options["stop"] = args.stop
+    if args.json_object:
+        options["json_object"] = True
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return fail("--tls-cert and --tls-key go together", 2)
+    try:
+        client = Client(args.address, timeout=args.timeout, tls=args.tls,
+                        root_certificates=args.tls_ca, certificate_chain=args.tls_cert,
+                        private_key=args.tls_key, server_name=args.tls_server_name)
+    except (OSError, ValueError) as e:
+        return fail(str(e), 2)
+    text_prompt: str | list[dict[str, str]] = (
+        [{"role": "user", "content": prompt}] if args.chat else prompt)
+    with client:
         try:
-            if args.stream:
-                for msg in stub.GenerateStream(pb.GenerateStreamRequest(request=req),
-                                               timeout=args.timeout):
-                    print(msg.text, end="", flush=True)
-                print()
-            else:
-                resp = stub.Generate(req, timeout=args.timeout)
-                print(resp.completions[0].text)
-        except grpc.RpcError as e:
-            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
-            return 1
-    return 0
+            if not args.stream:
+                result = client.generate(text_prompt, **options)
+                print(json.dumps(result.to_dict(), ensure_ascii=False, indent=2) if args.json
+                      else result.text)
+                return 0
+            with client.generate_stream(text_prompt, **options) as stream:
+                try:
+                    for chunk in stream:
+                        if args.json:
+                            print(json.dumps(chunk.to_dict(), ensure_ascii=False), flush=True)
+                        else:
+                            print(chunk.text, end="", flush=True)
+                finally:
+                    if not args.json:
+                        print(flush=True)  # end the line, also before an error
+            return 0
+        except GenserveError as e:
+            return fail(str(e), 1)
+        except KeyboardInterrupt:
+            return fail("interrupted", 130)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,9 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     _generate_parser(sub)
     args = parser.parse_args(argv)
-    level = getattr(args, "log_level", "INFO").upper()
-    logging.basicConfig(level=level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(getattr(args, "log_level", "INFO"), getattr(args, "log_format", "text"))
     if args.command == "serve":
         return _run_serve(args)
     return _run_generate(args)

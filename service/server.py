@@ -1,8 +1,10 @@
-"""The gRPC server: generation service, health, reflection, warm-up and graceful drain."""
+"""The gRPC server: generation service, health, reflection, warm-up, graceful drain,
+Prometheus metrics over HTTP and optional TLS / mTLS."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -18,6 +20,7 @@ from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.metrics import Metrics
 from service.processor_plugins import PluginContext, PluginRegistry
 from service.servicer import GenerationServicer, ServerState
 from service.validation import ServiceLimits
@@ -38,6 +41,36 @@ class ServerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     processor_plugins: list[str] = field(default_factory=list)  # module:Class, beyond builtins
     structured: StructuredConfig | None = field(default_factory=StructuredConfig)  # None = off
+    metrics_port: int | None = None  # Prometheus /metrics over HTTP on host; None = off, 0 = any
+    tls_cert: str | None = None  # PEM server certificate chain; with tls_key: TLS
+    tls_key: str | None = None  # PEM private key of tls_cert
+    tls_client_ca: str | None = None  # PEM CA bundle: require and verify client certs (mTLS)
+
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("TLS needs both a certificate and its key (--tls-cert, --tls-key)")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise OSError(f"cannot read the {what} {path!r}: {e.strerror or e}") from e
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from the config's PEM files (None = plaintext); a client CA makes
+    the server require and verify a client certificate (mTLS)."""
+    if not config.tls_cert or not config.tls_key:
+        return None
+    chain = _read(config.tls_cert, "TLS certificate")
+    key = _read(config.tls_key, "TLS key")
+    client_ca = _read(config.tls_client_ca, "TLS client CA") if config.tls_client_ca else None
+    return grpc.ssl_server_credentials([(key, chain)], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
 
 
 class GenServer:
@@ -52,7 +85,11 @@ class GenServer:
         self.engine = engine
         self.state = ServerState()
         self.health = HealthServicer()
-        self.servicer = GenerationServicer(None, config.limits, self.state)  # set when warm
+        self.metrics = Metrics()
+        self.metrics.add_engine_collector(self._engine_stats, lambda: self.state.in_flight)
+        self.metrics_port = 0
+        self.servicer = GenerationServicer(None, config.limits, self.state,  # engine: when warm
+                                           self.metrics)
         self.server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -67,6 +104,11 @@ class GenServer:
         self._forced = False
         self._drain_task: asyncio.Task | None = None
 
+    def _engine_stats(self):
+        """For the metrics scrape (another thread): the engine's ints, once it exists."""
+        engine = self.engine
+        return engine.stats() if engine is not None else None
+
     async def _set_health(self, status) -> None:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)
@@ -77,11 +119,27 @@ class GenServer:
         A drain that begins while loading wins: the server never turns SERVING after it.
         """
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        credentials = server_credentials(self.config)
+        if credentials is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, credentials)
         if not self.port:
-            raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+            raise OSError(f"cannot bind {address}")
         await self.server.start()
-        log.info("listening on %s:%d", self.config.host, self.port)
+        log.info("listening on %s:%d (%s)", self.config.host, self.port,
+                 "plaintext" if credentials is None else
+                 "mTLS" if self.config.tls_client_ca else "TLS")
+        if self.config.metrics_port is not None:
+            try:
+                self.metrics_port = self.metrics.serve(self.config.host,
+                                                       self.config.metrics_port)
+                log.info("metrics on http://%s:%d/metrics", self.config.host,
+                         self.metrics_port)
+            except OSError as e:  # metrics are auxiliary: serve the model without them
+                log.error("metrics disabled: cannot listen on %s:%d: %s", self.config.host,
+                          self.config.metrics_port, e)
         if self.engine is None:
             start = time.perf_counter()
             engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
@@ -102,6 +160,8 @@ class GenServer:
             self.servicer.structured = await asyncio.to_thread(
                 StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
                 self.config.structured)
+        if self.servicer.structured is not None:
+            self.servicer.structured.observers.append(self.metrics)
         await self.warm_up()
         if self.state.draining:
             return self.port
@@ -135,6 +195,10 @@ class GenServer:
                                min(1.0, max(0.0, deadline - time.monotonic())))
         if self.engine is not None:
             await self.engine.shutdown()
+        if self.servicer.structured is not None:
+            with contextlib.suppress(ValueError):
+                self.servicer.structured.observers.remove(self.metrics)
+        await asyncio.to_thread(self.metrics.stop)
         self._stopped.set()
         log.info("stopped")
 

@@ -4,23 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from contextlib import aclosing
-from dataclasses import dataclass
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from typing import cast
 
 import grpc
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineDeadError, QueueFullError
-from engine.outputs import Completion, CompletionDelta, FinishReason, TokenLogprob, Usage
+from engine.outputs import (
+    Completion,
+    CompletionDelta,
+    FinishReason,
+    RequestOutput,
+    TokenLogprob,
+    Usage,
+)
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.logs import request_id_var
+from service.metrics import Metrics
 from service.processor_plugins import PluginRegistry
 from service.validation import InvalidArgument, ParsedRequest, ServiceLimits, parse_request
 from structured.manager import StructuredOutputs
 
 log = logging.getLogger(__name__)
 
-FINISH: dict[FinishReason | None, int] = {
+FINISH: dict[FinishReason | None, pb.FinishReason] = {
     None: pb.FINISH_REASON_UNSPECIFIED,
     FinishReason.EOS: pb.FINISH_REASON_EOS,
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
@@ -55,6 +67,22 @@ def status_of(exc: BaseException) -> RequestFailed:
 
 
 @dataclass
+class Call:
+    """One RPC being answered: what its metrics and its finished-request log line need."""
+
+    rpc: str
+    arrival: float = field(default_factory=time.perf_counter)
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    request_ids: list[str] = field(default_factory=list)
+    usage: dict[str, Usage] = field(default_factory=dict)  # per engine request, latest
+    item_codes: list[grpc.StatusCode] = field(default_factory=list)  # GenerateBatch
+
+    def totals(self) -> tuple[int, int]:
+        return (sum(u.prompt_tokens for u in self.usage.values()),
+                sum(u.completion_tokens for u in self.usage.values()))
+
+
+@dataclass
 class ServerState:
     """Shared between servicer and server: draining refuses new work."""
 
@@ -84,10 +112,11 @@ def _completion_pb(c: Completion, want_ids: bool) -> pb.Completion:
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def __init__(self, engine: AsyncEngine | None, limits: ServiceLimits,
-                 state: ServerState) -> None:
+                 state: ServerState, metrics: Metrics | None = None) -> None:
         self.engine = engine  # None while the model loads: calls get UNAVAILABLE
         self.limits = limits
         self.state = state
+        self.metrics = metrics or Metrics()
         self.registry: PluginRegistry | None = None
         self.structured: StructuredOutputs | None = None
 
@@ -99,15 +128,79 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         assert self.engine is not None
         return self.engine
 
-    def _parse(self, req: pb.GenerateRequest) -> ParsedRequest:
-        return parse_request(req, self._live.tokenizer, self._live.info, self.limits,
-                             self.registry)
+    def _parse(self, req: pb.GenerateRequest, call: Call) -> ParsedRequest:
+        if req.request_id:  # named in the log line even when the request is invalid
+            request_id_var.set(req.request_id)
+        parsed = parse_request(req, self._live.tokenizer, self._live.info, self.limits,
+                               self.registry)
+        request_id_var.set(parsed.request_id)
+        call.request_ids.append(parsed.request_id)
+        return parsed
 
-    async def _check_open(self, context) -> None:
+    def _check_open(self) -> None:
         if self.state.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         if self.engine is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
+            raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
+
+    @asynccontextmanager
+    async def _call(self, rpc: str, context, generation: bool = True) -> AsyncIterator[Call]:
+        """Answer one RPC: status code on failure, metrics and one log line at the end.
+
+        An exception from the body becomes the call's status (``status_of``); a cancelled
+        call is CANCELLED, or DEADLINE_EXCEEDED when the client's deadline passed.
+        ``generation`` calls count as in flight (the drain waits for them).
+        """
+        call = Call(rpc)
+        token = request_id_var.set(None)
+        counted = False
+        try:
+            self._check_open()
+            if generation:
+                self.state.in_flight += 1
+                counted = True
+            yield call
+        except asyncio.CancelledError:
+            call.code = _cancelled_code(context)
+            raise
+        except GeneratorExit:  # a streaming call closed by the framework
+            call.code = _cancelled_code(context)
+            raise
+        except Exception as e:
+            failed = status_of(e)
+            call.code = failed.code
+            await context.abort(failed.code, failed.message)
+        finally:
+            if counted:
+                self.state.in_flight -= 1
+            try:
+                self._finished(call)
+            finally:
+                with suppress(ValueError):  # a stream finalized in another context
+                    request_id_var.reset(token)
+
+    def _finished(self, call: Call) -> None:
+        duration = time.perf_counter() - call.arrival
+        prompt, completion = call.totals()
+        m = self.metrics
+        m.requests.labels(call.rpc, call.code.name).inc()
+        m.request_duration.labels(call.rpc).observe(duration)
+        m.prompt_tokens.inc(prompt)
+        m.generation_tokens.inc(completion)
+        for code in call.item_codes:
+            m.batch_items.labels(code.name).inc()
+        extra: dict = {"rpc": call.rpc, "code": call.code.name,
+                       "duration_ms": round(duration * 1000, 3)}
+        if call.rpc in ("Generate", "GenerateBatch", "GenerateStream"):
+            extra.update(prompt_tokens=prompt, completion_tokens=completion)
+        if call.rpc == "GenerateBatch":
+            extra.update(items=len(call.item_codes), request_ids=call.request_ids)
+        elif call.request_ids:
+            extra["request_id"] = call.request_ids[0]
+        tokens = (f" prompt_tokens={prompt} completion_tokens={completion}"
+                  if "prompt_tokens" in extra else "")
+        log.info("%s %s in %.1f ms%s", call.rpc, call.code.name, duration * 1000, tokens,
+                 extra=extra)
 
     async def _attach_grammar(self, parsed: ParsedRequest) -> None:
         """Compile (off the engine thread, cached) and append the grammar's factory."""
@@ -119,11 +212,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         factory = await self.structured.factory(parsed.structured)
         parsed.params.logits_processors.append(factory)
 
-    async def _generate(self, parsed: ParsedRequest) -> pb.GenerateResponse:
+    async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
         await self._attach_grammar(parsed)
         completions = [Completion(i) for i in range(parsed.params.n)]
         usage = Usage(prompt_tokens=len(parsed.prompt_token_ids))
-        async with aclosing(self._stream(parsed)) as stream:
+        async with aclosing(self._stream(parsed, call)) as stream:
             async for out in stream:
                 for d in out.deltas:
                     completions[d.index].add(d)
@@ -140,47 +233,49 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                               if parsed.output.return_prompt_token_ids else []),
         )
 
-    def _stream(self, parsed: ParsedRequest):
-        """The engine's output stream; closing it (aclosing) aborts the request at once."""
-        return self._live.generate(parsed.engine_request_id, parsed.prompt_token_ids,
-                                   parsed.params)
-
-    async def _answer(self, context, coro):
-        self.state.in_flight += 1
-        try:
-            return await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            failed = status_of(e)
-            await context.abort(failed.code, failed.message)
-        finally:
-            self.state.in_flight -= 1
+    async def _stream(self, parsed: ParsedRequest,
+                      call: Call) -> AsyncGenerator[RequestOutput, None]:
+        """The engine's output stream, timed (TTFT, per-token) and its usage kept in
+        ``call``; closing it (aclosing) aborts the request at once."""
+        key = parsed.engine_request_id
+        call.usage[key] = Usage(prompt_tokens=len(parsed.prompt_token_ids))
+        last: float | None = None  # when the previous token(s) arrived
+        engine_stream = cast(AsyncGenerator[RequestOutput, None], self._live.generate(
+            key, parsed.prompt_token_ids, parsed.params))
+        async with aclosing(engine_stream) as stream:
+            async for out in stream:
+                call.usage[key] = out.usage
+                step = max((len(d.token_ids) for d in out.deltas), default=0)
+                if step:
+                    now = time.perf_counter()
+                    if last is None:
+                        self.metrics.ttft.observe(now - call.arrival)
+                        step -= 1
+                    else:
+                        for _ in range(step):  # tokens a sequence got since the last output
+                            self.metrics.tpot.observe((now - last) / step)
+                    last = now
+                yield out
 
     # ---- RPCs -----------------------------------------------------------------------
 
     async def Generate(self, request, context):
-        await self._check_open(context)
-
-        async def run():
-            return await self._generate(self._parse(request))
-
-        return await self._answer(context, run())
+        async with self._call("Generate", context) as call:
+            return await self._generate(self._parse(request, call), call)
 
     async def GenerateBatch(self, request, context):
-        await self._check_open(context)
-        items = request.requests
-        if not items:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "requests must not be empty")
-        if len(items) > self.limits.max_batch_size:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"requests has {len(items)} items; the limit is "
-                                f"{self.limits.max_batch_size}")
+        async with self._call("GenerateBatch", context) as call:
+            items = request.requests
+            if not items:
+                raise InvalidArgument("requests must not be empty")
+            if len(items) > self.limits.max_batch_size:
+                raise InvalidArgument(f"requests has {len(items)} items; the limit is "
+                                      f"{self.limits.max_batch_size}")
 
-        async def one(req: pb.GenerateRequest) -> pb.GenerateResponse:
-            return await self._generate(self._parse(req))
+            async def one(req: pb.GenerateRequest) -> pb.GenerateResponse:
+                # each item runs in its own task, so its request id stays its own
+                return await self._generate(self._parse(req, call), call)
 
-        async def run():
             outcomes = await asyncio.gather(*(one(r) for r in items), return_exceptions=True)
             results = []
             for i, o in enumerate(outcomes):
@@ -188,44 +283,34 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     raise o
                 if isinstance(o, BaseException):
                     failed = status_of(o)
+                    call.item_codes.append(failed.code)
                     results.append(pb.BatchResult(index=i, error=pb.Error(
                         code=failed.code.value[0], message=failed.message)))
                 else:
+                    call.item_codes.append(grpc.StatusCode.OK)
                     results.append(pb.BatchResult(index=i, response=o))
             return pb.GenerateBatchResponse(results=results)
 
-        return await self._answer(context, run())
-
     async def GenerateStream(self, request, context):
-        await self._check_open(context)
-        self.state.in_flight += 1
-        try:
-            try:
-                parsed = self._parse(request.request)
-                await self._attach_grammar(parsed)
-                error: str | None = None
-                async with aclosing(self._stream(parsed)) as stream:
-                    async for out in stream:
-                        msgs = [self._delta_pb(parsed, d) for d in out.deltas]
-                        for d in out.deltas:
-                            if d.finish_reason is FinishReason.ERROR:
-                                error = error or d.error
-                        if out.finished:
-                            if not msgs:
-                                msgs.append(pb.GenerateStreamResponse(
-                                    request_id=parsed.request_id))
-                            msgs[-1].usage.CopyFrom(_usage_pb(out.usage))
-                        for m in msgs:
-                            yield m
-                if error is not None:
-                    raise RequestFailed(grpc.StatusCode.INTERNAL, error)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                failed = status_of(e)
-                await context.abort(failed.code, failed.message)
-        finally:
-            self.state.in_flight -= 1
+        async with self._call("GenerateStream", context) as call:
+            parsed = self._parse(request.request, call)
+            await self._attach_grammar(parsed)
+            error: str | None = None
+            async with aclosing(self._stream(parsed, call)) as stream:
+                async for out in stream:
+                    msgs = [self._delta_pb(parsed, d) for d in out.deltas]
+                    for d in out.deltas:
+                        if d.finish_reason is FinishReason.ERROR:
+                            error = error or d.error
+                    if out.finished:
+                        if not msgs:
+                            msgs.append(pb.GenerateStreamResponse(
+                                request_id=parsed.request_id))
+                        msgs[-1].usage.CopyFrom(_usage_pb(out.usage))
+                    for m in msgs:
+                        yield m
+            if error is not None:
+                raise RequestFailed(grpc.StatusCode.INTERNAL, error)
 
     @staticmethod
     def _delta_pb(parsed: ParsedRequest, d: CompletionDelta) -> pb.GenerateStreamResponse:
@@ -236,18 +321,31 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             error=d.error or "")
 
     async def Tokenize(self, request, context):
-        await self._check_open(context)
-        ids = self.engine.tokenizer(request.text)["input_ids"] if request.text else []
-        tokens = self.engine.tokenizer.convert_ids_to_tokens(ids) if request.return_tokens else []
-        return pb.TokenizeResponse(token_ids=ids, tokens=tokens)
+        async with self._call("Tokenize", context, generation=False):
+            tokenizer = self._live.tokenizer
+            ids = tokenizer(request.text)["input_ids"] if request.text else []
+            tokens = tokenizer.convert_ids_to_tokens(ids) if request.return_tokens else []
+            return pb.TokenizeResponse(token_ids=ids, tokens=tokens)
 
     async def GetModelInfo(self, request, context):
-        await self._check_open(context)
-        info = self.engine.info
-        kinds = self.structured.kinds() if self.structured else {}
-        return pb.GetModelInfoResponse(
-            model_id=info.model_id, max_model_len=info.max_model_len,
-            vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
-            structured_backends=list(kinds), speculative=pb.SpeculativeInfo(method="", k=0),
-            structured_backend_info=[pb.StructuredBackendInfo(name=n, kinds=k)
-                                     for n, k in kinds.items()])
+        async with self._call("GetModelInfo", context, generation=False):
+            info = self._live.info
+            kinds = self.structured.kinds() if self.structured else {}
+            return pb.GetModelInfoResponse(
+                model_id=info.model_id, max_model_len=info.max_model_len,
+                vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
+                structured_backends=list(kinds),
+                speculative=pb.SpeculativeInfo(method=info.spec_method, k=info.spec_k),
+                structured_backend_info=[pb.StructuredBackendInfo(name=n, kinds=k)
+                                         for n, k in kinds.items()])
+
+
+def _cancelled_code(context) -> grpc.StatusCode:
+    """CANCELLED, or DEADLINE_EXCEEDED when the client's deadline is what ended the call."""
+    try:
+        remaining = context.time_remaining()
+    except Exception:
+        remaining = None
+    if remaining is not None and remaining <= 0.05:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.CANCELLED

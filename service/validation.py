@@ -139,7 +139,7 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     if structured is not None and req.stopping.ignore_eos:
         raise InvalidArgument("stopping.ignore_eos cannot be combined with structured_output: "
                               "the grammar decides where the output ends")
-    if req.speculative.HasField("enabled") and req.speculative.enabled:
+    if req.speculative.enabled and not info.spec_method:
         raise InvalidArgument("speculative.enabled: speculative decoding is not enabled on "
                               "this server")
     processors = []
@@ -203,6 +203,8 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
             logprobs=out.logprobs,
             top_logprobs=out.top_logprobs,
             logits_processors=processors,
+            speculative=(req.speculative.enabled if req.speculative.HasField("enabled")
+                         else None),
         )
     except ValueError as e:
         msg = str(e)

@@ -285,11 +285,14 @@ def test_time_limit_finishes_with_time_limit(stub):
 
 
 def test_queue_full_is_resource_exhausted(make_engine):
-    running, _ = start_server(make_engine(max_num_seqs=1, max_waiting=1), structured=None)
+    # A 1000-token first request (not 240): under load a short one could finish before
+    # the second is seen waiting.
+    running, _ = start_server(make_engine(max_num_seqs=1, max_waiting=1, max_model_len=1024),
+                              structured=None)
     try:
         with grpc.insecure_channel(running.address) as ch:
             stub = pb_grpc.GenerationServiceStub(ch)
-            first = stub.Generate.future(_long())
+            first = stub.Generate.future(_long(1000))
             assert wait_until(lambda: running.stats.num_running == 1)
             second = stub.Generate.future(_long())
             assert wait_until(lambda: running.stats.num_waiting == 1)

@@ -1,0 +1,160 @@
+"""Prometheus metrics: one ``CollectorRegistry`` per server, served over HTTP.
+
+Request, token and latency metrics are observed by the servicer as calls run; engine
+gauges (queue depth, running sequences, KV-cache usage) and the speculative-decoding
+counters are read from ``EngineStats`` at scrape time by a custom collector, from the
+HTTP server's thread: ``stats()`` only reads plain ints and ``len()`` of containers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.llm_engine import EngineStats
+
+log = logging.getLogger(__name__)
+
+RPCS = ("Generate", "GenerateBatch", "GenerateStream", "Tokenize", "GetModelInfo")
+
+# Seconds: CPU decode steps run ~10-100 ms, a cold prefill or a queued request much longer.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+                5.0, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+                    160.0, 320.0)
+COMPILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0)
+
+
+class EngineCollector(Collector):
+    """Gauges and counters computed from ``EngineStats`` (and the server's state) per scrape."""
+
+    def __init__(self, stats: Callable[[], EngineStats | None],
+                 in_flight: Callable[[], int]) -> None:
+        self._stats = stats
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("genserve_in_flight_requests",
+                                "generation calls being answered (Generate, GenerateBatch, "
+                                "GenerateStream)", value=self._in_flight())
+        try:
+            s = self._stats()
+        except Exception:  # a scrape must never fail because the engine is mid-change
+            log.debug("engine stats unavailable", exc_info=True)
+            return
+        if s is None:  # the model is still loading
+            return
+        yield GaugeMetricFamily("genserve_waiting_sequences",
+                                "sequences waiting to be scheduled (the queue depth; a request "
+                                "with n samples counts n)", value=s.num_waiting)
+        yield GaugeMetricFamily("genserve_running_sequences",
+                                "sequences running in the engine's batch", value=s.num_running)
+        yield GaugeMetricFamily("genserve_engine_requests",
+                                "requests in the engine (waiting or running)",
+                                value=s.num_requests)
+        yield GaugeMetricFamily("genserve_kv_cache_usage_ratio",
+                                "fraction of KV-cache blocks in use (0..1)", value=s.kv_usage)
+        yield GaugeMetricFamily("genserve_kv_cache_blocks",
+                                "KV-cache blocks in total", value=s.kv_blocks_total)
+        yield GaugeMetricFamily("genserve_kv_cache_blocks_used",
+                                "KV-cache blocks in use", value=s.kv_blocks_used)
+        yield CounterMetricFamily("genserve_preemptions",
+                                  "sequences preempted (recomputed later) for lack of KV blocks",
+                                  value=s.num_preemptions)
+        yield CounterMetricFamily("genserve_spec_steps",
+                                  "engine steps that speculated (one verification pass each)",
+                                  value=s.spec_steps)
+        yield CounterMetricFamily("genserve_spec_proposed_tokens",
+                                  "draft tokens proposed by speculative decoding",
+                                  value=s.spec_proposed_tokens)
+        yield CounterMetricFamily("genserve_spec_accepted_tokens",
+                                  "proposed tokens the target model accepted",
+                                  value=s.spec_accepted_tokens)
+        yield CounterMetricFamily("genserve_spec_emitted_tokens",
+                                  "tokens emitted by speculating steps (accepted + one bonus "
+                                  "per sequence)", value=s.spec_emitted_tokens)
+        rate = s.spec_accepted_tokens / s.spec_proposed_tokens if s.spec_proposed_tokens else 0.0
+        yield GaugeMetricFamily("genserve_spec_acceptance_rate",
+                                "accepted / proposed speculative tokens since start (0 before "
+                                "any proposal)", value=rate)
+
+
+class Metrics:
+    """A server's metrics, in a registry of its own (several servers can share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("genserve_requests", "RPCs answered, by RPC and gRPC status code",
+                                ["rpc", "code"], registry=r)
+        self.batch_items = Counter("genserve_batch_items",
+                                   "GenerateBatch items answered, by their status code",
+                                   ["code"], registry=r)
+        self.prompt_tokens = Counter("genserve_prompt_tokens",
+                                     "prompt tokens of generation requests the engine took",
+                                     registry=r)
+        self.generation_tokens = Counter("genserve_generation_tokens",
+                                         "tokens generated (every completion of every request)",
+                                         registry=r)
+        self.request_duration = Histogram("genserve_request_duration_seconds",
+                                          "time from a call's arrival to its answer, by RPC",
+                                          ["rpc"], buckets=DURATION_BUCKETS, registry=r)
+        self.ttft = Histogram("genserve_time_to_first_token_seconds",
+                              "time from a request's arrival to its first generated token",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("genserve_time_per_output_token_seconds",
+                              "time per generated token after the first, one observation per "
+                              "token", buckets=TPOT_BUCKETS, registry=r)
+        self.structured_compile = Histogram(
+            "genserve_structured_compile_seconds",
+            "structured-output grammar compile time, by backend (failed compiles included)",
+            ["backend"], buckets=COMPILE_BUCKETS, registry=r)
+        self.structured_cache_hits = Counter(
+            "genserve_structured_cache_hits", "compiled-grammar cache hits, by backend",
+            ["backend"], registry=r)
+        self.structured_cache_misses = Counter(
+            "genserve_structured_cache_misses",
+            "compiled-grammar cache misses (each starts a compile), by backend", ["backend"],
+            registry=r)
+        for rpc in RPCS:  # visible (at 0) before the first call
+            self.requests.labels(rpc, "OK")
+            self.request_duration.labels(rpc)
+        self._http: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def add_engine_collector(self, stats: Callable[[], EngineStats | None],
+                             in_flight: Callable[[], int]) -> None:
+        self.registry.register(EngineCollector(stats, in_flight))
+
+    # StructuredOutputs observer protocol (structured.manager.CompileObserver)
+    def on_compile(self, backend: str, seconds: float, ok: bool) -> None:
+        self.structured_compile.labels(backend).observe(seconds)
+
+    def on_cache_lookup(self, backend: str, hit: bool) -> None:
+        (self.structured_cache_hits if hit else self.structured_cache_misses).labels(
+            backend).inc()
+
+    # ---- HTTP -----------------------------------------------------------------------
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` (any path, as prometheus_client does) on a daemon thread."""
+        self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._http.server_port)
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None

@@ -1,0 +1,87 @@
+"""grpc.health.v1 ``Watch``: NOT_SERVING -> SERVING once warm, SERVING -> NOT_SERVING on drain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine.config import EngineConfig
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.server import SERVICE_NAME, GenServer, ServerConfig
+from tests.service.conftest import new_loop
+from tests.service.fake_engine import FakeEngine
+
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def wait_until(pred, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_watch_sees_warm_up_and_drain(tokenizer, tiny_model_dir):
+    release = threading.Event()
+
+    class SlowWarmUp(GenServer):
+        async def warm_up(self):
+            await asyncio.to_thread(release.wait, 30)
+            await super().warm_up()
+
+    loop, thread = new_loop()
+    engine = FakeEngine(tokenizer, EngineConfig(model=str(tiny_model_dir), max_model_len=256))
+
+    async def make():  # grpc.aio objects belong to the loop they are created on
+        return SlowWarmUp(ServerConfig(host="127.0.0.1", port=0, structured=None,
+                                       drain_grace_s=30), engine)
+
+    server = asyncio.run_coroutine_threadsafe(make(), loop).result(10)
+    started = asyncio.run_coroutine_threadsafe(server.start(), loop)
+    try:
+        assert wait_until(lambda: server.port != 0)
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            watches = {name: health.Watch(health_pb2.HealthCheckRequest(service=name),
+                                          timeout=60)
+                       for name in ("", SERVICE_NAME)}
+            for watch in watches.values():
+                assert next(watch).status == NOT_SERVING  # listening, not warm yet
+            release.set()
+            started.result(30)
+            for watch in watches.values():
+                assert next(watch).status == SERVING
+
+            # drain with a call in flight: NOT_SERVING at once, the call still finishes
+            stub = pb_grpc.GenerationServiceStub(ch)
+            in_flight = stub.Generate.future(pb.GenerateRequest(
+                prompt="a long answer", stopping=pb.StoppingCriteria(
+                    max_new_tokens=200, min_new_tokens=200)), timeout=60)
+            assert wait_until(lambda: server.state.in_flight == 1)
+            drained = asyncio.run_coroutine_threadsafe(server.drain(), loop)
+            for watch in watches.values():
+                assert next(watch).status == NOT_SERVING
+            assert not in_flight.done()
+            assert in_flight.result(60).usage.completion_tokens == 200
+            drained.result(60)
+            for watch in watches.values():  # the stream ends when the server stops
+                try:
+                    extra = list(watch)
+                except grpc.RpcError as e:
+                    assert e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+                else:
+                    assert all(m.status == NOT_SERVING for m in extra)
+    finally:
+        release.set()
+        if not server._stopped.is_set():
+            asyncio.run_coroutine_threadsafe(server.drain(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)

@@ -1,0 +1,258 @@
+"""Prometheus metrics: scraped over HTTP and parsed, on the fake engine and a tiny model."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.metrics import Metrics
+from service.server import GenServer, ServerConfig
+from tests.service.conftest import start_server, stop_server
+
+Code = grpc.StatusCode
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of ``/metrics``: (sample name, labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        assert r.status == 200
+        text = r.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def value(samples, name: str, **labels) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def wait_for(pred, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def req(prompt="Hello world", max_new=6, **kw) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt=prompt, stopping=pb.StoppingCriteria(
+        max_new_tokens=max_new, min_new_tokens=max_new), **kw)
+
+
+@pytest.fixture(scope="module")
+def server(make_engine, structured_outputs):
+    running, _ = start_server(make_engine(max_waiting=64), structured_outputs=structured_outputs,
+                              metrics_port=0)
+    assert running.server.metrics_port > 0
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture
+def stub(server):
+    with grpc.insecure_channel(server.address) as channel:
+        yield pb_grpc.GenerationServiceStub(channel)
+
+
+def test_metrics_are_off_by_default_and_registries_are_per_server():
+    assert ServerConfig().metrics_port is None
+    a, b = Metrics(), Metrics()  # no "Duplicated timeseries" from a shared registry
+    a.requests.labels("Generate", "OK").inc()
+    assert b.registry.get_sample_value(
+        "genserve_requests_total", {"rpc": "Generate", "code": "OK"}) == 0
+    assert a.registry.get_sample_value(
+        "genserve_requests_total", {"rpc": "Generate", "code": "OK"}) == 1
+
+
+def test_generate_moves_request_token_and_latency_metrics(server, stub):
+    port = server.server.metrics_port
+    before = scrape(port)
+    resp = stub.Generate(req(max_new=6))
+    after = scrape(port)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("genserve_requests_total", rpc="Generate", code="OK") == 1
+    assert delta("genserve_prompt_tokens_total") == resp.usage.prompt_tokens > 0
+    assert delta("genserve_generation_tokens_total") == resp.usage.completion_tokens == 6
+    assert delta("genserve_time_to_first_token_seconds_count") == 1
+    assert delta("genserve_time_to_first_token_seconds_sum") > 0
+    assert delta("genserve_time_per_output_token_seconds_count") == 5  # tokens after the first
+    assert delta("genserve_request_duration_seconds_count", rpc="Generate") == 1
+    # every RPC is listed before its first call
+    for rpc in ("Generate", "GenerateBatch", "GenerateStream", "Tokenize", "GetModelInfo"):
+        assert ("genserve_requests_total", frozenset({"rpc": rpc, "code": "OK"}.items())) \
+            in after
+
+
+def test_error_codes_stream_batch_and_small_rpcs(server, stub):
+    port = server.server.metrics_port
+    before = scrape(port)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(req(sampling=pb.SamplingParameters(top_p=1.5)))
+    assert e.value.code() == Code.INVALID_ARGUMENT
+    msgs = list(stub.GenerateStream(pb.GenerateStreamRequest(request=req(max_new=4))))
+    assert msgs[-1].usage.completion_tokens == 4
+    batch = stub.GenerateBatch(pb.GenerateBatchRequest(requests=[
+        req("one", max_new=3), req("two", sampling=pb.SamplingParameters(top_p=2.0)),
+        req("three", max_new=2)]))
+    assert batch.results[1].error.code == Code.INVALID_ARGUMENT.value[0]
+    with pytest.raises(grpc.RpcError):
+        stub.GenerateBatch(pb.GenerateBatchRequest())
+    stub.Tokenize(pb.TokenizeRequest(text="hello"))
+    stub.GetModelInfo(pb.GetModelInfoRequest())
+    after = scrape(port)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("genserve_requests_total", rpc="Generate", code="INVALID_ARGUMENT") == 1
+    assert delta("genserve_requests_total", rpc="Generate", code="OK") == 0
+    assert delta("genserve_requests_total", rpc="GenerateStream", code="OK") == 1
+    assert delta("genserve_requests_total", rpc="GenerateBatch", code="OK") == 1
+    assert delta("genserve_requests_total", rpc="GenerateBatch", code="INVALID_ARGUMENT") == 1
+    assert delta("genserve_batch_items_total", code="OK") == 2
+    assert delta("genserve_batch_items_total", code="INVALID_ARGUMENT") == 1
+    assert delta("genserve_requests_total", rpc="Tokenize", code="OK") == 1
+    assert delta("genserve_requests_total", rpc="GetModelInfo", code="OK") == 1
+    assert delta("genserve_generation_tokens_total") == 4 + 3 + 2
+    assert delta("genserve_time_to_first_token_seconds_count") == 3  # stream + 2 batch items
+
+
+def test_deadline_and_cancel_are_counted(server, stub):
+    port = server.server.metrics_port
+    before = scrape(port)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(req(max_new=240), timeout=0.3)
+    assert e.value.code() == Code.DEADLINE_EXCEEDED
+    call = stub.GenerateStream(pb.GenerateStreamRequest(request=req(max_new=240)))
+    next(call)
+    call.cancel()
+
+    def delta(name, **labels):
+        return value(scrape(port), name, **labels) - value(before, name, **labels)
+
+    assert wait_for(lambda: delta("genserve_requests_total", rpc="Generate",
+                                  code="DEADLINE_EXCEEDED") == 1)
+    assert wait_for(lambda: delta("genserve_requests_total", rpc="GenerateStream",
+                                  code="CANCELLED") == 1)
+    assert wait_for(lambda: value(scrape(port), "genserve_in_flight_requests") == 0)
+
+
+def test_engine_gauges_follow_a_running_request(server, stub):
+    port = server.server.metrics_port
+    idle = scrape(port)
+    assert value(idle, "genserve_kv_cache_blocks") > 0
+    assert 0 <= value(idle, "genserve_kv_cache_usage_ratio") <= 1
+    for name in ("genserve_spec_steps_total", "genserve_spec_proposed_tokens_total",
+                 "genserve_spec_accepted_tokens_total", "genserve_spec_emitted_tokens_total",
+                 "genserve_spec_acceptance_rate", "genserve_preemptions_total",
+                 "genserve_waiting_sequences"):
+        assert (name, frozenset()) in idle, name
+    future = stub.Generate.future(req(max_new=240))
+    try:
+        assert wait_for(lambda: value(scrape(port), "genserve_running_sequences") == 1)
+        busy = scrape(port)
+        assert value(busy, "genserve_kv_cache_usage_ratio") > 0
+        assert value(busy, "genserve_kv_cache_blocks_used") > 0
+        assert value(busy, "genserve_in_flight_requests") == 1
+        # an aborted request from an earlier test leaves the count at once
+        assert value(busy, "genserve_engine_requests") == 1
+    finally:
+        future.cancel()
+    assert wait_for(lambda: value(scrape(port), "genserve_running_sequences") == 0)
+    assert wait_for(lambda: value(scrape(port), "genserve_kv_cache_blocks_used") == 0)
+
+
+def test_structured_compile_time_and_cache_hits(server, stub):
+    port = server.server.metrics_port
+    before = scrape(port)
+    # a spec no other test compiled: one miss (and compile), then a hit
+    choices = [f"yes-{uuid.uuid4().hex[:6]}", "no"]
+    r = req(max_new=16, structured_output=pb.StructuredOutput(
+        choice=pb.ChoiceList(choices=choices), backend=pb.STRUCTURED_BACKEND_XGRAMMAR))
+    r.stopping.min_new_tokens = 0
+    for _ in range(2):
+        assert stub.Generate(r).completions[0].text in choices
+    after = scrape(port)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("genserve_structured_cache_misses_total", backend="xgrammar") == 1
+    assert delta("genserve_structured_cache_hits_total", backend="xgrammar") == 1
+    assert delta("genserve_structured_compile_seconds_count", backend="xgrammar") == 1
+    assert delta("genserve_structured_compile_seconds_sum", backend="xgrammar") > 0
+
+
+def test_two_servers_in_one_process_count_separately(make_engine, server, stub):
+    other, _ = start_server(make_engine(), structured=None, metrics_port=0)
+    try:
+        assert other.server.metrics_port not in (0, server.server.metrics_port)
+        with grpc.insecure_channel(other.address) as ch:
+            pb_grpc.GenerationServiceStub(ch).Tokenize(pb.TokenizeRequest(text="x"))
+        mine = value(scrape(server.server.metrics_port), "genserve_requests_total",
+                     rpc="Tokenize", code="OK")
+        theirs = value(scrape(other.server.metrics_port), "genserve_requests_total",
+                       rpc="Tokenize", code="OK")
+        assert theirs == 1
+        stub.Tokenize(pb.TokenizeRequest(text="x"))
+        assert value(scrape(server.server.metrics_port), "genserve_requests_total",
+                     rpc="Tokenize", code="OK") == mine + 1
+        assert value(scrape(other.server.metrics_port), "genserve_requests_total",
+                     rpc="Tokenize", code="OK") == 1
+    finally:
+        port = other.server.metrics_port
+        stop_server(other)
+    with pytest.raises(OSError):  # the drain stopped its HTTP server
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_metrics_answer_while_the_model_loads():
+    """Before an engine exists: request counters, no engine gauges, and UNAVAILABLE counted."""
+    import asyncio
+
+    from tests.service.conftest import new_loop
+
+    loop, thread = new_loop()
+
+    async def make():
+        server = GenServer(ServerConfig(host="127.0.0.1", port=0, metrics_port=0,
+                                        structured=None))
+        server.port = server.server.add_insecure_port("127.0.0.1:0")
+        await server.server.start()
+        server.metrics_port = server.metrics.serve("127.0.0.1", 0)
+        return server
+
+    server = asyncio.run_coroutine_threadsafe(make(), loop).result(10)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch, \
+                pytest.raises(grpc.RpcError) as e:
+            pb_grpc.GenerationServiceStub(ch).Generate(req())
+        assert e.value.code() == Code.UNAVAILABLE
+        # the client can see the status a moment before the server's call bookkeeping ends
+        assert wait_for(lambda: value(scrape(server.metrics_port), "genserve_requests_total",
+                                      rpc="Generate", code="UNAVAILABLE") == 1)
+        samples = scrape(server.metrics_port)
+        assert ("genserve_running_sequences", frozenset()) not in samples
+        assert value(samples, "genserve_in_flight_requests") == 0
+    finally:
+        asyncio.run_coroutine_threadsafe(server.drain(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_scrape_output_is_valid_exposition_text(server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.server.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    names = {f.name for f in text_string_to_metric_families(text)}
+    assert {"genserve_requests", "genserve_time_to_first_token_seconds",
+            "genserve_kv_cache_usage_ratio", "genserve_spec_acceptance_rate"} <= names
