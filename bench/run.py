@@ -260,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
         "batch-1 decode >= 1.0x HF batch 1": g1.tok_s / hf1.tok_s >= 1.0,
         "32 clients >= 1.0x HF static batch 32": g32.tok_s / hf32.tok_s >= 1.0,
         "32 clients >= 6x HF sequential": g32.tok_s / hf1.tok_s >= 6.0,
+        **structured.targets(structured_res),
         **spec.targets(spec_res),
     }
     print()
