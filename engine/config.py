@@ -18,6 +18,11 @@ class SpeculativeConfig:
     # already compute bound and the k extra rows per sequence would only slow it down.
     disable_batch_size: int = 8
     enabled_by_default: bool = True  # for requests that leave speculative.enabled unset
+    # How the target scores proposals: "batch_expansion" (k + 1 single-token queries per
+    # sequence, one batched attention for the whole step) or "multi_token" (one causal
+    # query of k + 1 tokens per sequence; the KV prefix is gathered once, but attention
+    # runs per sequence). Both give the same scores.
+    scorer: str = "batch_expansion"
 
 
 @dataclass

@@ -26,7 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.stop_checker import OutputState
-from specdecode.batch_expansion import contract, expand
+from specdecode.batch_expansion import contract, expand, multi_token
 from specdecode.proposals import Proposals
 from specdecode.rejection import rejection_sample, verify_greedy
 
@@ -258,12 +258,18 @@ class LLMEngine:
         proposals = self._propose(decode_seqs)
         rows: list = decode_seqs + prefill_seqs  # what each logits row's processors see
         if proposals is not None:
-            decodes, rows = [], []
+            assert self.speculator is not None
+            decodes, rows, scoring = [], [], []
             for seq, props in zip(decode_seqs, proposals.token_ids, strict=True):
-                seq_rows, views = expand(seq, props)
-                decodes.extend(seq_rows)
+                if self.speculator.multi_token:  # logits come back in the same order
+                    work, views = multi_token(seq, props)
+                    scoring.append(work)
+                else:
+                    seq_rows, views = expand(seq, props)
+                    decodes.extend(seq_rows)
                 rows.extend(views if props else [seq])
             rows.extend(prefill_seqs)
+            prefills = scoring + prefills
         # Batched processors prepare (e.g. grammar bitmasks) while the forward runs.
         prepared = (self.processor_runner.prepare(rows)
                     if any(r.processors for r in rows) else None)

@@ -38,6 +38,7 @@ class PrefillWork:
     start_pos: int  # tokens of the sequence already cached
     block_table: list[int]
     sample: bool  # does the last token's logits row get sampled?
+    num_logits: int = 1  # with ``sample``: logits rows of the last tokens returned
 
 
 class ModelRunner:
@@ -102,7 +103,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
-        """Logits ``[rows, vocab]``: one row per decode row, then one per sampled prefill."""
+        """Logits ``[rows, vocab]``: one row per decode row, then ``num_logits`` per sampled
+        prefill."""
         bs = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
@@ -129,7 +131,7 @@ class ModelRunner:
             block_ids = torch.tensor(work.block_table[:n_blocks], device=self.device)
             meta_prefills.append(PrefillChunk(start, n, work.start_pos, block_ids, mask))
             if work.sample:
-                keep.append(start + n - 1)
+                keep.extend(range(start + n - work.num_logits, start + n))
 
         meta = AttentionMetadata(
             kv_cache=self.kv_cache,

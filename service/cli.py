@@ -120,6 +120,10 @@ def _spec_args(p) -> None:
     p.add_argument("--spec-disable-batch-size", type=positive_int,
                    default=sc.disable_batch_size,
                    help="speculation turns off for a step when more sequences run than this")
+    p.add_argument("--spec-scorer", choices=["batch_expansion", "multi_token"],
+                   default=sc.scorer,
+                   help="how the target scores proposals: k+1 single-token queries per "
+                        "sequence in one batched attention, or one k+1-token query each")
     p.add_argument("--spec-off-by-default", action="store_true",
                    help="speculate only for requests that set speculative.enabled=true")
 
@@ -133,7 +137,7 @@ def _spec_config(args) -> SpeculativeConfig:
         method=args.spec_method, num_spec_tokens=args.num_spec_tokens,
         draft_model=args.spec_draft_model, ngram_min=args.spec_ngram_min,
         ngram_max=args.spec_ngram_max, disable_batch_size=args.spec_disable_batch_size,
-        enabled_by_default=not args.spec_off_by_default)
+        enabled_by_default=not args.spec_off_by_default, scorer=args.spec_scorer)
 
 
 def _json_spec(text: str) -> str:

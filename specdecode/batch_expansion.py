@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from engine.model_runner import DecodeRow
+from engine.model_runner import DecodeRow, PrefillWork
 from engine.sequence import Sequence
 
 
@@ -42,6 +42,16 @@ def expand(seq: Sequence, proposals: list[int]) -> tuple[list[DecodeRow], list[R
     rows = [DecodeRow(t, last + j, seq.block_table) for j, t in enumerate(tokens)]
     views = [RowView(seq, seq.output_token_ids + proposals[:j]) for j in range(len(tokens))]
     return rows, views
+
+
+def multi_token(seq: Sequence, proposals: list[int]) -> tuple[PrefillWork, list[RowView]]:
+    """The other scorer: one causal query of the same ``len(proposals) + 1`` tokens at the
+    same positions, returning a logits row per token, in the same order as ``expand``."""
+    last = seq.num_tokens - 1
+    tokens = [seq.token_at(last), *proposals]
+    work = PrefillWork(tokens, last, seq.block_table, True, num_logits=len(tokens))
+    views = [RowView(seq, seq.output_token_ids + proposals[:j]) for j in range(len(tokens))]
+    return work, views
 
 
 def contract(rows: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -33,7 +33,11 @@ class Speculator:
         spec = config.speculative
         if spec.num_spec_tokens < 1:
             raise ValueError(f"num_spec_tokens must be >= 1, got {spec.num_spec_tokens}")
+        if spec.scorer not in ("batch_expansion", "multi_token"):
+            raise ValueError(f"unknown speculative scorer {spec.scorer!r} "
+                             "(batch_expansion or multi_token)")
         self.k = spec.num_spec_tokens
+        self.multi_token = spec.scorer == "multi_token"
         self.method = spec.method
         self.disable_batch_size = spec.disable_batch_size
         self.enabled_by_default = spec.enabled_by_default

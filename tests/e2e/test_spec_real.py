@@ -1,5 +1,5 @@
 """Speculative decoding on the real model: greedy output unchanged, structured output
-still valid and identical, for n-gram lookup and a self-draft."""
+still valid and identical, for n-gram lookup (both scorers) and a self-draft."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ def test_greedy_output_is_unchanged_by_ngram_and_self_draft_speculation(real_eng
     got = {k: v[0].token_ids for k, v in run_to_completion(ngram_engine, arrivals).items()}
     assert got == want
     assert ngram_engine.stats().spec_accepted_tokens > 0
+    multi = LLMEngine(EngineConfig(model="default", max_model_len=1024, speculative=(
+        SpeculativeConfig(method="ngram", num_spec_tokens=8, scorer="multi_token"))),
+        share_weights=real_engine)
+    got = {k: v[0].token_ids for k, v in run_to_completion(multi, arrivals).items()}
+    assert got == want
+    assert multi.stats().spec_accepted_tokens > 0
     self_draft = LLMEngine(EngineConfig(model="default", max_model_len=1024,
                                         speculative=SpeculativeConfig(
                                             method="draft", draft_model="self:12",

@@ -13,7 +13,7 @@ from engine.llm_engine import LLMEngine
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from specdecode.batch_expansion import expand
+from specdecode.batch_expansion import expand, multi_token
 from tests.conftest import build_tiny_model
 from tests.engine.test_engine import run_to_completion
 
@@ -60,7 +60,8 @@ def deep_model_dir(tmp_path_factory, tokenizer_dir):
 def engine_for(model_dir, method=None, draft=None, k=4, **kw) -> LLMEngine:
     spec = SpeculativeConfig(method=method, draft_model=draft and str(draft),
                              num_spec_tokens=k, ngram_min=1, ngram_max=3,
-                             disable_batch_size=kw.pop("disable_batch_size", 64))
+                             disable_batch_size=kw.pop("disable_batch_size", 64),
+                             scorer=kw.pop("scorer", "batch_expansion"))
     return LLMEngine(EngineConfig(model=str(model_dir), speculative=spec, **kw))
 
 
@@ -120,6 +121,25 @@ def test_greedy_output_with_speculation_equals_output_without(
         assert stats.spec_accepted_tokens > 0
     assert stats.spec_emitted_tokens >= stats.spec_accepted_tokens + stats.spec_steps
     assert engine.runner.allocator.num_used == 0
+
+
+@pytest.mark.parametrize("method,batch", [("ngram", 1), ("ngram", 8), ("draft-random", 3),
+                                          ("draft-target", 8)])
+def test_the_multi_token_scorer_gives_the_same_greedy_output(
+        method, batch, deep_model_dir, other_draft_dir, ids, plain):
+    engine = method_engine(method, deep_model_dir, other_draft_dir, max_model_len=96,
+                           scorer="multi_token")
+    assert engine.speculator is not None and engine.speculator.multi_token
+    assert outputs(engine, workload(ids, batch)) == plain[(batch, 1)]
+    stats = engine.stats()
+    assert stats.spec_steps > 0 and stats.spec_proposed_tokens > 0
+    if method != "draft-random":  # a random draft may see all its guesses rejected
+        assert stats.spec_accepted_tokens > 0
+
+
+def test_an_unknown_scorer_is_refused(deep_model_dir):
+    with pytest.raises(ValueError, match="scorer"):
+        engine_for(deep_model_dir, "ngram", scorer="tree")
 
 
 def test_a_draft_equal_to_the_target_has_every_proposal_accepted(deep_model_dir, ids):
@@ -232,6 +252,10 @@ def test_batch_expansion_scores_equal_one_token_at_a_time_decoding(deep_model_di
     sequential = torch.stack([runner.execute([DecodeRow(t, len(prompt) - 1 + j, table)], [])[0]
                               for j, t in enumerate(tokens)])
     torch.testing.assert_close(expanded, sequential, rtol=1e-4, atol=1e-4)
+    # the multi-token scorer: one causal query of the same tokens, the same scores
+    work, views = multi_token(Seq(), proposals)  # type: ignore[arg-type]
+    assert [v.output_token_ids for v in views] == [[], [11], [11, 12], [11, 12, 13]]
+    torch.testing.assert_close(runner.execute([], [work]), expanded, rtol=1e-4, atol=1e-4)
 
 
 def test_sampled_distributions_match_with_and_without_speculation(deep_model_dir, ids):
