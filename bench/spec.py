@@ -41,6 +41,8 @@ OPEN_ENDED = [
 METHODS = {
     "ngram k=8": SpeculativeConfig(method="ngram", num_spec_tokens=8, ngram_min=1,
                                    ngram_max=3),
+    "ngram k=8 multi": SpeculativeConfig(method="ngram", num_spec_tokens=8, ngram_min=1,
+                                         ngram_max=3, scorer="multi_token"),
     "self:16 k=3": SpeculativeConfig(method="draft", draft_model="self:16", num_spec_tokens=3),
 }
 
@@ -163,13 +165,13 @@ def report(res: dict) -> None:
     print(f"\nspeculative decoding, batch 1, greedy, {res['new_tokens']} new tokens "
           "(targets: n-gram >= 1.5x on copy-heavy, >= 0.95x open-ended; <= 5% lost at 32)")
     plain = res["batch1"]["plain"]
-    print(f"  {'plain':14} copy-heavy {plain['copy']['tok_s']:6.1f} tok/s   open-ended "
+    print(f"  {'plain':16} copy-heavy {plain['copy']['tok_s']:6.1f} tok/s   open-ended "
           f"{plain['open']['tok_s']:6.1f} tok/s")
     for name, row in res["batch1"].items():
         if name == "plain":
             continue
         c, o = row["copy"], row["open"]
-        print(f"  {name:14} copy-heavy {c['tok_s']:6.1f} tok/s {c['speedup']:5.2f}x "
+        print(f"  {name:16} copy-heavy {c['tok_s']:6.1f} tok/s {c['speedup']:5.2f}x "
               f"(accept {c['acceptance']:.0%}, {c['tokens_per_spec_step']:.2f} tok/spec step)"
               f"   open-ended {o['tok_s']:6.1f} tok/s {o['speedup']:5.2f}x "
               f"(accept {o['acceptance']:.0%}, {o['tokens_per_spec_step']:.2f})")
