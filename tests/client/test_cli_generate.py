@@ -29,8 +29,10 @@ def client(address):
 
 
 @pytest.fixture(autouse=True)
-def _keep_logging():
-    """main() points the root logger at the (captured) stderr: put pytest's back after."""
+def _keep_logging(capsys):
+    """main() points the root logger at the (captured) stderr: put pytest's back after.
+    Taking ``capsys`` makes this teardown run before capsys closes that stream, so a line
+    the in-process server logs meanwhile never hits a closed file."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     yield
