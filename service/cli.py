@@ -191,6 +191,9 @@ def _generate_parser(sub) -> None:
     p.add_argument("--top-k", type=non_negative_int, default=None, help="default: off")
     p.add_argument("--seed", type=non_negative_int, default=None,
                    help="makes sampling (--temperature > 0) reproducible")
+    p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=None,
+                   help="turn speculative decoding on or off for this request (default: "
+                        "the server's setting)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop sequence, not included in the output (repeatable)")
     structured = p.add_argument_group("structured output (at most one)") \
@@ -270,7 +273,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     options: GenerateOptions = {"max_new_tokens": args.max_new_tokens,
                                 "temperature": args.temperature}
-    for name in ("top_p", "top_k", "seed", "json_schema", "regex", "choice"):
+    for name in ("top_p", "top_k", "seed", "speculative", "json_schema", "regex", "choice"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.stop:

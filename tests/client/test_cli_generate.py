@@ -104,6 +104,15 @@ def test_sampling_and_stop_flags(capsys, address, client):
     assert completion["text"] == expected.text[:expected.text.index(stop)]
 
 
+def test_speculative_flag_reaches_the_server(capsys, address):
+    # this server has no speculative method: asking for it is the server's INVALID_ARGUMENT
+    code, out, err = run(capsys, PROMPT, "--address", address, "--speculative")
+    assert code == 1 and out == "" and "speculative" in err
+    code, out, err = run(capsys, PROMPT, "--address", address, "--max-new-tokens", "4",
+                         "--no-speculative")
+    assert code == 0 and out, err
+
+
 def test_chat_and_stdin(capsys, address, client, monkeypatch):
     chat = client.generate([{"role": "user", "content": "Hi"}], max_new_tokens=6).text
     code, out, _ = run(capsys, "Hi", "--chat", "--address", address, "--max-new-tokens", "6")
