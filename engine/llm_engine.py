@@ -26,7 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.stop_checker import OutputState
-from specdecode.batch_expansion import contract, expand, multi_token
+from specdecode.batch_expansion import contract, expand, multi_token, row_views
 from specdecode.proposals import Proposals
 from specdecode.rejection import rejection_sample, verify_greedy
 
@@ -262,12 +262,10 @@ class LLMEngine:
             decodes, rows, scoring = [], [], []
             for seq, props in zip(decode_seqs, proposals.token_ids, strict=True):
                 if self.speculator.multi_token:  # logits come back in the same order
-                    work, views = multi_token(seq, props)
-                    scoring.append(work)
+                    scoring.append(multi_token(seq, props))
                 else:
-                    seq_rows, views = expand(seq, props)
-                    decodes.extend(seq_rows)
-                rows.extend(views if props else [seq])
+                    decodes.extend(expand(seq, props))
+                rows.extend(row_views(seq, props) if props else [seq])
             rows.extend(prefill_seqs)
             prefills = scoring + prefills
         # Batched processors prepare (e.g. grammar bitmasks) while the forward runs.

@@ -35,23 +35,29 @@ class RowView:
         return self.seq.processors
 
 
-def expand(seq: Sequence, proposals: list[int]) -> tuple[list[DecodeRow], list[RowView]]:
-    """The ``len(proposals) + 1`` decode rows of one sequence and their processor views."""
+def _query_tokens(seq: Sequence, proposals: list[int]) -> tuple[int, list[int]]:
+    """The position of the sequence's last real token, and the k + 1 tokens to score."""
     last = seq.num_tokens - 1
-    tokens = [seq.token_at(last), *proposals]
-    rows = [DecodeRow(t, last + j, seq.block_table) for j, t in enumerate(tokens)]
-    views = [RowView(seq, seq.output_token_ids + proposals[:j]) for j in range(len(tokens))]
-    return rows, views
+    return last, [seq.token_at(last), *proposals]
 
 
-def multi_token(seq: Sequence, proposals: list[int]) -> tuple[PrefillWork, list[RowView]]:
+def row_views(seq: Sequence, proposals: list[int]) -> list[RowView]:
+    """What the processors of each of the ``len(proposals) + 1`` rows see (either scorer)."""
+    return [RowView(seq, seq.output_token_ids + proposals[:j])
+            for j in range(len(proposals) + 1)]
+
+
+def expand(seq: Sequence, proposals: list[int]) -> list[DecodeRow]:
+    """The ``len(proposals) + 1`` decode rows of one sequence."""
+    last, tokens = _query_tokens(seq, proposals)
+    return [DecodeRow(t, last + j, seq.block_table) for j, t in enumerate(tokens)]
+
+
+def multi_token(seq: Sequence, proposals: list[int]) -> PrefillWork:
     """The other scorer: one causal query of the same ``len(proposals) + 1`` tokens at the
     same positions, returning a logits row per token, in the same order as ``expand``."""
-    last = seq.num_tokens - 1
-    tokens = [seq.token_at(last), *proposals]
-    work = PrefillWork(tokens, last, seq.block_table, True, num_logits=len(tokens))
-    views = [RowView(seq, seq.output_token_ids + proposals[:j]) for j in range(len(tokens))]
-    return work, views
+    last, tokens = _query_tokens(seq, proposals)
+    return PrefillWork(tokens, last, seq.block_table, True, num_logits=len(tokens))
 
 
 def contract(rows: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from engine.llm_engine import LLMEngine
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
-from specdecode.batch_expansion import expand, multi_token
+from specdecode.batch_expansion import expand, multi_token, row_views
 from tests.conftest import build_tiny_model
 from tests.engine.test_engine import run_to_completion
 
@@ -246,14 +246,15 @@ def test_batch_expansion_scores_equal_one_token_at_a_time_decoding(deep_model_di
             return prompt[i]
 
     runner.execute([], [PrefillWork(prompt[:-1], 0, table, False)])
-    rows, _ = expand(Seq(), proposals)  # type: ignore[arg-type]
+    rows = expand(Seq(), proposals)  # type: ignore[arg-type]
     expanded = runner.execute(rows, [])
     tokens = [prompt[-1], *proposals]
     sequential = torch.stack([runner.execute([DecodeRow(t, len(prompt) - 1 + j, table)], [])[0]
                               for j, t in enumerate(tokens)])
     torch.testing.assert_close(expanded, sequential, rtol=1e-4, atol=1e-4)
     # the multi-token scorer: one causal query of the same tokens, the same scores
-    work, views = multi_token(Seq(), proposals)  # type: ignore[arg-type]
+    work = multi_token(Seq(), proposals)  # type: ignore[arg-type]
+    views = row_views(Seq(), proposals)  # type: ignore[arg-type]
     assert [v.output_token_ids for v in views] == [[], [11], [11, 12], [11, 12, 13]]
     torch.testing.assert_close(runner.execute([], [work]), expanded, rtol=1e-4, atol=1e-4)
 
