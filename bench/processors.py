@@ -45,17 +45,26 @@ class SyntheticMaskFactory:
         return logits.masked_fill(masks.to(logits.device), -torch.inf)
 
 
+def decode_steps(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]
+                 ) -> tuple[list[float], list[int]]:
+    """Run ``prompts`` together to completion: the seconds of each step after the prefill
+    and each request's number of generated tokens."""
+    reqs = [engine.add_request(f"p{i}-{time.perf_counter_ns()}", ids, p)
+            for i, (ids, p) in enumerate(zip(prompts, params, strict=True))]
+    engine.step()  # prefill
+    steps = []
+    while engine.has_work:
+        t0 = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - t0)
+    return steps, [r.usage.completion_tokens for r in reqs]
+
+
 def ms_per_decode_step(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams
                        ) -> float:
     """Run ``prompts`` together to completion; mean ms of the steps after the prefill."""
-    for i, ids in enumerate(prompts):
-        engine.add_request(f"p{i}-{time.perf_counter_ns()}", ids, params)
-    engine.step()  # prefill
-    t0, steps = time.perf_counter(), 0
-    while engine.has_work:
-        engine.step()
-        steps += 1
-    return (time.perf_counter() - t0) / max(1, steps) * 1000
+    steps, _ = decode_steps(engine, prompts, [params] * len(prompts))
+    return sum(steps) / max(1, len(steps)) * 1000
 
 
 def _steps_ms(engine: LLMEngine, prompts: list[list[int]], processors: list, new: int) -> float:

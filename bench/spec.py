@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.structured import chat_ids
 from engine.attention import ATTN_NAME
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.llm_engine import LLMEngine
@@ -45,12 +46,6 @@ METHODS = {
                                          ngram_max=3, scorer="multi_token"),
     "self:16 k=3": SpeculativeConfig(method="draft", draft_model="self:16", num_spec_tokens=3),
 }
-
-
-def _chat(engine: LLMEngine, text: str) -> list[int]:
-    enc = engine.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                               add_generation_prompt=True, tokenize=True)
-    return list(enc["input_ids"])
 
 
 def _run_one(engine: LLMEngine, ids: list[int], new: int) -> tuple[int, float]:
@@ -125,8 +120,8 @@ def concurrent(engine: LLMEngine, prompts: list[list[int]], new: int) -> float:
 def measure(base: LLMEngine, new: int = 96, quick: bool = False) -> dict:
     """Runs are interleaved (each prompt on every engine in turn, ``reps`` rounds) so that
     the shared machine's drifts hit plain and speculative decoding alike."""
-    copy_ids = [_chat(base, p) for p in COPY_HEAVY]
-    open_ids = [_chat(base, p) for p in OPEN_ENDED]
+    copy_ids = [chat_ids(base, p) for p in COPY_HEAVY]
+    open_ids = [chat_ids(base, p) for p in OPEN_ENDED]
     reps = 1 if quick else 2
     if quick:
         copy_ids, open_ids = copy_ids[:2], open_ids[:1]

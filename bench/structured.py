@@ -11,6 +11,7 @@ import time
 
 import jsonschema
 
+from bench.processors import decode_steps
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from structured.lmfe_backend import unenforced_keywords
@@ -24,7 +25,7 @@ STORY_SCHEMA = {"type": "object", "properties": {
     "required": ["title", "story", "tags"]}
 
 
-def _chat(engine: LLMEngine, text: str) -> list[int]:
+def chat_ids(engine: LLMEngine, text: str) -> list[int]:
     enc = engine.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                add_generation_prompt=True, tokenize=True)
     return list(enc["input_ids"])
@@ -57,21 +58,6 @@ def _timed_grammar_work(f: GrammarFactory) -> list[float]:
     return acc
 
 
-def _decode(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams]
-            ) -> tuple[list[float], list[int]]:
-    """Run ``prompts`` together to completion: the seconds of each step after the prefill
-    and each request's number of generated tokens."""
-    reqs = [engine.add_request(f"s{i}-{time.perf_counter_ns()}", ids, p)
-            for i, (ids, p) in enumerate(zip(prompts, params, strict=True))]
-    engine.step()  # prefill
-    steps = []
-    while engine.has_work:
-        t0 = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - t0)
-    return steps, [r.usage.completion_tokens for r in reqs]
-
-
 def overhead(engine: LLMEngine, so: StructuredOutputs, new: int = 48, reps: int = 4
              ) -> list[dict]:
     """Constrained decoding against unconstrained decoding of *the same lengths*: a grammar
@@ -82,7 +68,7 @@ def overhead(engine: LLMEngine, so: StructuredOutputs, new: int = 48, reps: int 
     decide it. The grammar's own time (advance, fill, apply) is also measured directly."""
     rows = []
     for batch in (1, 16):
-        prompts = [_chat(engine, f"Write story {i} as JSON with a title, a story and tags.")
+        prompts = [chat_ids(engine, f"Write story {i} as JSON with a title, a story and tags.")
                    for i in range(batch)]
         for backend in (XGRAMMAR, LM_FORMAT_ENFORCER):
             f = asyncio.run(so.factory(StructuredSpec("json_schema", json.dumps(STORY_SCHEMA),
@@ -94,14 +80,14 @@ def overhead(engine: LLMEngine, so: StructuredOutputs, new: int = 48, reps: int 
             free: list[float] = []
             try:
                 # greedy: every constrained run reaches the same lengths as this first one
-                _, lens = _decode(engine, prompts, constrained)
+                _, lens = decode_steps(engine, prompts, constrained)
                 work[:] = [0.0, 0.0]
                 for rep in range(reps):
                     runs = [constrained, [SamplingParams(max_new_tokens=n, min_new_tokens=n)
                                           for n in lens]]
                     if rep % 2:  # alternate which goes first: no position bias
                         runs.reverse()
-                    times = [_decode(engine, prompts, p)[0] for p in runs]
+                    times = [decode_steps(engine, prompts, p)[0] for p in runs]
                     c, u = times if rep % 2 == 0 else times[::-1]
                     ratios += [a / b for a, b in zip(c, u, strict=False)]
                     con += c
@@ -143,7 +129,7 @@ def validity(engine: LLMEngine, so: StructuredOutputs, schemas, max_new: int = 1
                                                       backend)))
             rid = f"v-{backend}-{name}"
             names[rid] = schema
-            engine.add_request(rid, _chat(engine, f"Give {what} as JSON matching this schema: "
+            engine.add_request(rid, chat_ids(engine, f"Give {what} as JSON matching this schema: "
                                                   f"{json.dumps(schema)}"),
                                SamplingParams(max_new_tokens=max_new, logits_processors=[f]))
         texts: dict[str, str] = dict.fromkeys(names, "")
