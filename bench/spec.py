@@ -16,9 +16,11 @@ import torch
 
 from bench.structured import chat_ids
 from engine.attention import ATTN_NAME
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from specdecode.config import SpeculativeConfig
+from specdecode.worker import speculator_for
 
 PASSAGE = ("Order #4471 was placed by Maria Keller on 12 March 2024. She ordered three "
            "ceramic mugs (item MUG-22, 9.50 EUR each) and one teapot (item TPT-07, 32.00 "
@@ -71,10 +73,10 @@ class _Tally:
         after = engine.stats()
         self.tokens += n
         self.seconds += s
-        self.steps += after.spec_steps - before.spec_steps
-        self.proposed += after.spec_proposed_tokens - before.spec_proposed_tokens
-        self.accepted += after.spec_accepted_tokens - before.spec_accepted_tokens
-        self.emitted += after.spec_emitted_tokens - before.spec_emitted_tokens
+        self.steps += after.spec.steps - before.spec.steps
+        self.proposed += after.spec.proposed - before.spec.proposed
+        self.accepted += after.spec.accepted - before.spec.accepted
+        self.emitted += after.spec.emitted - before.spec.emitted
 
     def row(self) -> dict:
         return {"tok_s": self.tokens / self.seconds,
@@ -127,8 +129,8 @@ def measure(base: LLMEngine, new: int = 96, quick: bool = False) -> dict:
         copy_ids, open_ids = copy_ids[:2], open_ids[:1]
     engines = {"plain": base}
     for name, spec in METHODS.items():
-        engines[name] = LLMEngine(EngineConfig(model=base.config.model, speculative=spec),
-                                  share_weights=base)
+        engines[name] = LLMEngine(EngineConfig(model=base.config.model), share_weights=base,
+                                  speculator=speculator_for(spec))
     for engine in engines.values():
         _run_one(engine, copy_ids[0], 8)  # warm-up
     tallies = {name: {"copy": _Tally(), "open": _Tally()} for name in engines}
@@ -145,14 +147,14 @@ def measure(base: LLMEngine, new: int = 96, quick: bool = False) -> dict:
         res["batch1"][name] = row
     res["hf"] = hf(base, copy_ids, new, reps)
     many = ((copy_ids + open_ids) * 6)[:32]
-    ngram = LLMEngine(EngineConfig(model=base.config.model, max_num_seqs=64,
-                                   speculative=METHODS["ngram k=8"]), share_weights=base)
+    ngram = LLMEngine(EngineConfig(model=base.config.model, max_num_seqs=64), share_weights=base,
+                      speculator=speculator_for(METHODS["ngram k=8"]))
     plain32 = spec32 = 0.0
     for _ in range(reps):
         plain32 += concurrent(base, many, 48)
         spec32 += concurrent(ngram, many, 48)
     res["concurrent32"] = {"plain_tok_s": plain32 / reps, "ngram_tok_s": spec32 / reps,
-                           "ratio": spec32 / plain32, "spec_steps": ngram.stats().spec_steps}
+                           "ratio": spec32 / plain32, "spec_steps": ngram.stats().spec.steps}
     return res
 
 

@@ -19,6 +19,7 @@ from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.llm_engine import EngineStats, LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.speculation import SpeculatorFactory
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,9 @@ class AsyncEngine:
         self._waiting_snapshot = 0
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> AsyncEngine:
-        return cls(LLMEngine(config))
+    def from_config(cls, config: EngineConfig,
+                    speculator: SpeculatorFactory | None = None) -> AsyncEngine:
+        return cls(LLMEngine(config, speculator=speculator))
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -76,7 +78,7 @@ class AsyncEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        self.engine.check_request(prompt_token_ids, params)
+        max_new = self.engine.check_request(prompt_token_ids, params)
         with self._lock:
             if self._waiting_snapshot + self._pending_adds >= self.config.max_waiting:
                 raise QueueFullError(
@@ -84,7 +86,7 @@ class AsyncEngine:
             self._pending_adds += 1
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
-        self._post(("add", (request_id, list(prompt_token_ids), params)))
+        self._post(("add", (request_id, list(prompt_token_ids), params, max_new)))
         finished = False
         try:
             while True:
@@ -128,10 +130,10 @@ class AsyncEngine:
             if kind == "abort":
                 self.engine.abort(arg)
                 continue
-            request_id, prompt, params = arg
+            request_id, prompt, params, max_new = arg
             if request_id in self._streams:  # else cancelled before it reached the engine
                 try:
-                    self.engine.add_request(request_id, prompt, params)
+                    self.engine.add_request(request_id, prompt, params, max_new)
                 except (ValueError, QueueFullError) as e:
                     self._send(request_id, e)
             with self._lock:

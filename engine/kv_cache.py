@@ -33,10 +33,6 @@ class BlockAllocator:
         self._free = list(range(num_blocks - 1, -1, -1))
 
     @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
     def num_used(self) -> int:
         return self.num_blocks - len(self._free)
 

@@ -9,12 +9,21 @@ A *factory* has ``create()`` and ``release(processor)``. The engine calls ``crea
 per sequence when that sequence is created (each of the ``n`` samples, each batch item),
 so stateful processors (a grammar FSM) are never shared; when the sequence ends for any
 reason the product is handed back with ``release()`` exactly once, so the factory can pool.
+
+Two optional capabilities, found once per sequence (``bind``), never on the hot path:
+
+- a *batched* factory also has ``prepare_batch`` / ``apply_batch``: it prepares the work of
+  all its rows at once (a grammar fills one token bitmask, possibly while the forward
+  runs) and applies it to their logits in one call;
+- a product that is a *proposal validator* tells how many speculative proposals its state
+  allows (a grammar stepping through them), so the engine never scores an impossible one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, TypeGuard, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import torch
 
@@ -31,6 +40,49 @@ class LogitsProcessorFactory(Protocol):
     def create(self) -> LogitsProcessor: ...
 
     def release(self, processor: LogitsProcessor) -> None: ...
+
+
+@runtime_checkable
+class BatchedProcessorFactory(LogitsProcessorFactory, Protocol):
+    def prepare_batch(self, products: list[Any], prompt_ids: list[list[int]],
+                      output_ids: list[list[int]]) -> Any:
+        """Work for every row of this factory; depends only on emitted tokens, so it may
+        run in a worker thread while the forward runs."""
+        ...
+
+    def apply_batch(self, prepared: Any, logits: torch.Tensor) -> torch.Tensor:
+        """The prepared work applied to those rows' logits ``[rows, vocab]``."""
+        ...
+
+
+@runtime_checkable
+class ProposalValidator(Protocol):
+    def validate_proposals(self, output_ids: Sequence[int], proposals: Sequence[int]) -> int:
+        """How many leading ``proposals`` may follow ``output_ids``."""
+        ...
+
+
+@dataclass
+class BoundProcessor:
+    """One entry of a sequence's processor list, classified once when it is created."""
+
+    processor: LogitsProcessor
+    factory: LogitsProcessorFactory | None = None  # made ``processor`` for this sequence
+    batched: BatchedProcessorFactory | None = None  # ``factory`` when it batches
+    validator: ProposalValidator | None = None  # ``processor`` when it validates proposals
+
+
+def bind(entry: LogitsProcessor | LogitsProcessorFactory) -> BoundProcessor:
+    """A shared processor as is; a factory's fresh product for one sequence."""
+    if not isinstance(entry, LogitsProcessorFactory):
+        return BoundProcessor(entry, validator=_validator(entry))
+    product = entry.create()
+    batched = entry if isinstance(entry, BatchedProcessorFactory) else None
+    return BoundProcessor(product, entry, batched, _validator(product))
+
+
+def _validator(obj: object) -> ProposalValidator | None:
+    return obj if isinstance(obj, ProposalValidator) else None
 
 
 def is_factory(obj: object) -> TypeGuard[LogitsProcessorFactory]:

@@ -9,7 +9,7 @@ import torch
 
 from engine.attention import ATTN_NAME, AttentionMetadata, PrefillChunk
 from engine.config import EngineConfig
-from engine.kv_cache import BlockAllocator, KVCache, KVCacheSpec
+from engine.kv_cache import KVCache, KVCacheSpec
 from engine.model_loader import (
     load_model,
     load_tokenizer,
@@ -80,7 +80,8 @@ class ModelRunner:
                 f"({spec.bytes_per_block} bytes each)"
             )
         self.kv_cache = KVCache(spec, num_blocks, self.device)
-        self.allocator = BlockAllocator(num_blocks)
+        self.num_blocks = num_blocks  # the scheduler's BlockAllocator hands these out
+        self.max_rows_per_seq = 1  # decode rows one sequence may add (the engine sets k + 1)
         log.info("KV cache: %d blocks of %d tokens (%.0f MiB, %d tokens)", num_blocks,
                  config.block_size, num_blocks * spec.bytes_per_block / 2**20,
                  num_blocks * config.block_size)

@@ -273,7 +273,9 @@ def compute_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
 class Sampler:
     """Picks one token per row and reports raw-distribution logprobs."""
 
-    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata,
+                 logprobs: bool = True) -> SamplerOutput:
+        """``logprobs=False``: tokens only (the engine reports logprobs itself)."""
         raw = logits.float()  # a copy unless already float32; never modified in place
         processed = apply_penalties(raw, meta)
         rows = meta.sampled_rows
@@ -285,6 +287,8 @@ class Sampler:
             index = torch.tensor(rows).to(raw.device, non_blocking=True)
             sampled = self._sample(processed, meta, rows, index)
             tokens = processed.argmax(-1).index_copy(0, index, sampled)
+        if not logprobs:
+            return SamplerOutput(tokens.cpu(), None, None, None)
         return self._output(raw, tokens, meta)
 
     @staticmethod
@@ -301,12 +305,27 @@ class Sampler:
         """Chosen-token and top logprobs under the raw distribution, moved to the CPU."""
         if not meta.need_logprobs:
             return SamplerOutput(tokens.cpu(), None, None, None)
-        logp = raw.log_softmax(-1)
-        k = min(meta.max_top_logprobs, logp.shape[1])
-        top = logp.topk(k, dim=-1)
-        # One copy to the host (one sync): ids and float32 logprobs are exact in float64.
-        parts = (tokens[:, None], logp.gather(1, tokens[:, None]), top.indices, top.values)
-        host = torch.cat([p.double() for p in parts], dim=1).cpu()
-        ids, chosen, top_ids, top_lps = host.split([1, 1, k, k], dim=1)
-        return SamplerOutput(ids[:, 0].long(), chosen[:, 0].float(),
-                             top_ids.long() if k else None, top_lps.float() if k else None)
+        k = min(meta.max_top_logprobs, raw.shape[1])
+        ids, chosen, top_ids, top_lps = _logprob_table(raw, tokens, k)
+        return SamplerOutput(ids, chosen, top_ids if k else None, top_lps if k else None)
+
+
+def _logprob_table(raw: torch.Tensor, tokens: torch.Tensor, k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tokens, their logprobs and the top-``k`` of each row, on the CPU in one copy (one
+    sync): ids and float32 logprobs are exact in float64."""
+    logp = raw.float().log_softmax(-1)
+    top = logp.topk(k, dim=-1)
+    tokens = tokens.to(logp.device)
+    parts = (tokens[:, None], logp.gather(1, tokens[:, None]), top.indices, top.values)
+    host = torch.cat([p.double() for p in parts], dim=1).cpu()
+    ids, chosen, top_ids, top_lps = host.split([1, 1, k, k], dim=1)
+    return ids[:, 0].long(), chosen[:, 0].float(), top_ids.long(), top_lps.float()
+
+
+def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int
+                   ) -> tuple[list[float], list[list[int]], list[list[float]]]:
+    """Logprob of ``tokens[i]`` under row ``i`` of ``raw`` and the row's top ``k``."""
+    k = min(k, raw.shape[1])
+    _, chosen, top_ids, top_lps = _logprob_table(raw, tokens, k)
+    return chosen.tolist(), top_ids.tolist(), top_lps.tolist()

@@ -1,7 +1,7 @@
 """Per-request sampling and stopping parameters, validated on construction.
 
-Every check raises ``ValueError`` whose message starts with the field name, so the
-service can turn it into INVALID_ARGUMENT without re-validating.
+Every check raises ``ParamError`` (a ``ValueError``) carrying the parameter's name, so the
+service maps it to its own field names without re-validating or reading the message.
 """
 
 from __future__ import annotations
@@ -16,9 +16,17 @@ from engine.logits_process import LogitsProcessor, LogitsProcessorFactory
 PENALTY_RANGE = (-2.0, 2.0)
 
 
+class ParamError(ValueError):
+    """A bad sampling parameter; ``param`` is its name (``stop_sequences`` for ``stop``)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}{'' if message.startswith('[') else ' '}{message}")
+        self.param = param
+
+
 def _finite(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ParamError(name, f"must be a finite number, got {value!r}")
 
 
 @dataclass
@@ -61,62 +69,55 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+            raise ParamError("n", f"must be an integer >= 1, got {self.n!r}")
         _finite("temperature", self.temperature)
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ParamError("temperature", f"must be >= 0 (0 = greedy), got {self.temperature}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = disabled), got {self.top_k!r}")
+            raise ParamError("top_k", f"must be an integer >= 0 (0 = disabled), got {self.top_k!r}")
         _finite("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ParamError("top_p", f"must be in (0, 1], got {self.top_p}")
         _finite("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise ParamError("min_p", f"must be in [0, 1], got {self.min_p}")
         _finite("typical_p", self.typical_p)
         if not 0.0 < self.typical_p <= 1.0:
-            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
+            raise ParamError("typical_p", f"must be in (0, 1], got {self.typical_p}")
         _finite("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise ParamError("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _finite(name, value)
             if not PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+                raise ParamError(name, f"must be in [-2, 2], got {value}")
         if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+            raise ParamError("seed", f"must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}")
+            raise ParamError("max_new_tokens", f"must be >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens!r}")
+            raise ParamError("min_new_tokens", f"must be >= 0, got {self.min_new_tokens!r}")
         if self.min_new_tokens > self.max_new_tokens:
-            raise ValueError(
-                f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
-                f"({self.max_new_tokens})"
-            )
+            raise ParamError("min_new_tokens", f"({self.min_new_tokens}) must be <= "
+                             f"max_new_tokens ({self.max_new_tokens})")
         for i, s in enumerate(self.stop):
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop_sequences[{i}] must be a non-empty string")
+                raise ParamError("stop_sequences", f"[{i}] must be a non-empty string")
         for i, t in enumerate(self.stop_token_ids):
             if not isinstance(t, int) or t < 0:
-                raise ValueError(f"stop_token_ids[{i}] must be a non-negative integer, got {t!r}")
+                raise ParamError("stop_token_ids",
+                                 f"[{i}] must be a non-negative integer, got {t!r}")
         if self.time_limit_s is not None:
             _finite("time_limit_ms", self.time_limit_s)
             if self.time_limit_s <= 0:
-                raise ValueError("time_limit_ms must be > 0")
+                raise ParamError("time_limit_ms", "must be > 0")
         if not isinstance(self.top_logprobs, int) or self.top_logprobs < 0:
-            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs!r}")
+            raise ParamError("top_logprobs", f"must be >= 0, got {self.top_logprobs!r}")
         for i, p in enumerate(self.logits_processors):
             if not callable(p) and not isinstance(p, LogitsProcessorFactory):
-                raise ValueError(
-                    f"logits_processors[{i}] must be a callable processor or a factory "
-                    f"with create()/release(), got {type(p).__name__}"
-                )
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+                raise ParamError("logits_processors", f"[{i}] must be a callable processor or "
+                                 f"a factory with create()/release(), got {type(p).__name__}")
 
     @property
     def max_stop_len(self) -> int:

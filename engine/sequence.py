@@ -5,10 +5,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from engine.logits_process import BoundProcessor
 from engine.outputs import CompletionDelta, FinishReason, Usage
 from engine.sampling_params import SamplingParams
 from engine.stop_checker import OutputState
@@ -24,9 +24,9 @@ class SeqStatus(enum.Enum):
 class Sequence:
     """One of a request's ``n`` samples: its tokens, KV blocks and per-sequence state.
 
-    ``processors`` pairs, in the params' order, each processor with the factory that made
-    it for this sequence alone (None for a shared stateless processor); products are
-    released to their factory when the sequence ends.
+    ``processors`` holds, in the params' order, each shared processor or the product a
+    factory made for this sequence alone; products are released to their factory when the
+    sequence ends. ``num_preemptions`` tells a draft model its cached copy is stale.
     """
 
     seq_id: int
@@ -34,11 +34,12 @@ class Sequence:
     index: int
     prompt_token_ids: list[int]
     output: OutputState
-    processors: list[tuple[Any, Any | None]] = field(default_factory=list)
+    processors: list[BoundProcessor] = field(default_factory=list)
     generator: torch.Generator | None = None
     output_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
+    num_computed_tokens: int = 0  # leading tokens whose KV is in the cache
+    num_preemptions: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     pending: CompletionDelta | None = None  # output produced since the last RequestOutput

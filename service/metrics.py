@@ -72,17 +72,17 @@ class EngineCollector(Collector):
                                   value=s.num_preemptions)
         yield CounterMetricFamily("genserve_spec_steps",
                                   "engine steps that speculated (one verification pass each)",
-                                  value=s.spec_steps)
+                                  value=s.spec.steps)
         yield CounterMetricFamily("genserve_spec_proposed_tokens",
                                   "draft tokens proposed by speculative decoding",
-                                  value=s.spec_proposed_tokens)
+                                  value=s.spec.proposed)
         yield CounterMetricFamily("genserve_spec_accepted_tokens",
                                   "proposed tokens the target model accepted",
-                                  value=s.spec_accepted_tokens)
+                                  value=s.spec.accepted)
         yield CounterMetricFamily("genserve_spec_emitted_tokens",
                                   "tokens emitted by speculating steps (accepted + one bonus "
-                                  "per sequence)", value=s.spec_emitted_tokens)
-        rate = s.spec_accepted_tokens / s.spec_proposed_tokens if s.spec_proposed_tokens else 0.0
+                                  "per sequence)", value=s.spec.emitted)
+        rate = s.spec.accepted / s.spec.proposed if s.spec.proposed else 0.0
         yield GaugeMetricFamily("genserve_spec_acceptance_rate",
                                 "accepted / proposed speculative tokens since start (0 before "
                                 "any proposal)", value=rate)

@@ -24,6 +24,8 @@ from service.metrics import Metrics
 from service.processor_plugins import PluginContext, PluginRegistry
 from service.servicer import GenerationServicer, ServerState
 from service.validation import ServiceLimits
+from specdecode.config import SpeculativeConfig
+from specdecode.worker import speculator_for
 from structured.manager import StructuredConfig, StructuredOutputs
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class ServerConfig:
     drain_grace_s: float = 30.0
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # method None = off
     processor_plugins: list[str] = field(default_factory=list)  # module:Class, beyond builtins
     structured: StructuredConfig | None = field(default_factory=StructuredConfig)  # None = off
     metrics_port: int | None = None  # Prometheus /metrics over HTTP on host; None = off, 0 = any
@@ -142,7 +145,8 @@ class GenServer:
                           self.config.metrics_port, e)
         if self.engine is None:
             start = time.perf_counter()
-            engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine)
+            engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine,
+                                             speculator_for(self.config.speculative))
             log.info("engine ready in %.1fs: %s, max_model_len=%d",
                      time.perf_counter() - start, engine.info.model_id,
                      engine.info.max_model_len)

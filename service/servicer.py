@@ -13,7 +13,7 @@ from typing import cast
 import grpc
 
 from engine.async_engine import AsyncEngine
-from engine.config import EngineDeadError, QueueFullError
+from engine.config import EngineDeadError, QueueFullError, RequestError
 from engine.outputs import (
     Completion,
     CompletionDelta,
@@ -53,10 +53,18 @@ class RequestFailed(Exception):
         self.message = message
 
 
+# The request field an engine limit is about (``RequestError.limit``).
+_ENGINE_LIMIT_FIELDS = {"prompt": "input", "vocabulary": "prompt_token_ids.ids",
+                        "context": "input", "kv_cache": "stopping.max_new_tokens"}
+
+
 def status_of(exc: BaseException) -> RequestFailed:
     if isinstance(exc, RequestFailed):
         return exc
-    if isinstance(exc, ValueError):  # InvalidArgument and the engine's own checks
+    if isinstance(exc, RequestError):  # the engine's own checks, named in engine terms
+        return RequestFailed(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"{_ENGINE_LIMIT_FIELDS.get(exc.limit, 'input')}: {exc}")
+    if isinstance(exc, ValueError):  # InvalidArgument
         return RequestFailed(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     if isinstance(exc, QueueFullError):
         return RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))

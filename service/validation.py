@@ -1,7 +1,10 @@
 """GenerateRequest -> engine inputs, rejecting bad input with a message naming the field.
 
-Numeric ranges are checked once, by ``SamplingParams.__post_init__``; this module adds
-what only the edge knows (the proto's field names, the tokenizer, the server's limits).
+Each check lives in one place: numeric ranges in ``SamplingParams.__post_init__`` (its
+``ParamError`` names the parameter, mapped here to the proto field), what only the engine
+knows (vocabulary, KV capacity) in the engine (its ``RequestError`` is mapped by the
+servicer), and here what only the edge knows (the proto's fields, the tokenizer, the
+server's limits).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 
 from engine.config import ModelInfo
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import ParamError, SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from structured.spec import AUTO, LM_FORMAT_ENFORCER, XGRAMMAR, StructuredSpec
 
@@ -88,13 +91,9 @@ def _prompt_ids(req: pb.GenerateRequest, tokenizer, info: ModelInfo) -> list[int
             raise InvalidArgument("prompt must not be empty")
         ids = tokenizer(req.prompt)["input_ids"]
     elif kind == "prompt_token_ids":
-        ids = list(req.prompt_token_ids.ids)
+        ids = list(req.prompt_token_ids.ids)  # the engine checks them against its vocabulary
         if not ids:
             raise InvalidArgument("prompt_token_ids.ids must not be empty")
-        for i, t in enumerate(ids):
-            if t >= info.vocab_size:
-                raise InvalidArgument(f"prompt_token_ids.ids[{i}] = {t} is outside the "
-                                      f"vocabulary [0, {info.vocab_size})")
     else:
         msgs = req.chat.messages
         if not msgs:
@@ -206,10 +205,8 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
             speculative=(req.speculative.enabled if req.speculative.HasField("enabled")
                          else None),
         )
-    except ValueError as e:
-        msg = str(e)
-        field = msg.split(" ", 1)[0].split("[", 1)[0]
-        raise InvalidArgument(f"{_SECTION.get(field, 'sampling')}.{msg}") from None
+    except ParamError as e:
+        raise InvalidArgument(f"{_SECTION.get(e.param, 'sampling')}.{e}") from None
     request_id = req.request_id or uuid.uuid4().hex
     engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if req.request_id else request_id
     return ParsedRequest(request_id, engine_request_id, ids, params, out, structured)

@@ -1,9 +1,11 @@
 """A draft model proposes k tokens per sequence by running k single-token steps itself.
 
 The draft is any HF causal LM with the target's vocabulary, loaded with the same paged
-attention, with its own KV cache and its own per-sequence state (block table, how much of
-the sequence it has cached). ``self:N`` builds it from the target's own first N decoder
-layers plus its final norm and head: no extra weights, only a KV cache of N layers.
+attention, with its own KV cache of as many blocks as the target's: it reuses each
+sequence's block table (the scheduler reserved blocks for the proposals before asking), so
+the draft owns no blocks and keeps only how much of each sequence it has cached. ``self:N``
+builds it from the target's own first N decoder layers plus its final norm and head: no
+extra weights, only a KV cache of N layers.
 
 Each round first catches the draft cache up with the sequence (the tokens accepted since
 the last round, or the whole prompt the first time) in one packed forward that also yields
@@ -22,18 +24,18 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
 from engine.sampler import SamplingMetadata, compute_probs, sample_from_probs
 from engine.sequence import Sequence
-from specdecode.proposals import Proposals
+from specdecode.config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _DraftSeq:
-    block_table: list[int] = field(default_factory=list)
+    epoch: int  # the sequence's preemption count: its blocks were refilled since
     num_computed: int = 0  # leading tokens of the sequence (+ proposals) in the draft cache
     base: int = 0  # the sequence's length when the last proposals were made
     proposals: list[int] = field(default_factory=list)
@@ -64,13 +66,12 @@ def truncated_model(model: Any, num_layers: int) -> Any:
     return draft
 
 
-def _draft_runner(target: ModelRunner, spec: SpeculativeConfig,
-                  engine_config: EngineConfig) -> ModelRunner:
+def _draft_runner(target: ModelRunner, spec: SpeculativeConfig) -> ModelRunner:
     name = spec.draft_model or ""
     config = EngineConfig(model=name, max_model_len=target.max_model_len,
                           block_size=target.block_size, device=str(target.device),
                           dtype=str(target.dtype).removeprefix("torch."))
-    num_blocks = target.allocator.num_blocks
+    num_blocks = target.num_blocks
     if name.startswith("self:"):
         try:
             n = int(name.removeprefix("self:"))
@@ -93,49 +94,38 @@ def _draft_runner(target: ModelRunner, spec: SpeculativeConfig,
 
 
 class DraftProposer:
-    def __init__(self, target: ModelRunner, spec: SpeculativeConfig,
-                 engine_config: EngineConfig) -> None:
-        self.runner = _draft_runner(target, spec, engine_config)
-        self.block_size = self.runner.block_size
+    def __init__(self, target: ModelRunner, spec: SpeculativeConfig) -> None:
+        self.runner = _draft_runner(target, spec)
         self.states: dict[int, _DraftSeq] = {}
         log.info("draft model %s ready", self.runner.model_id)
 
     def release(self, seq: Sequence) -> None:
-        state = self.states.pop(seq.seq_id, None)
-        if state is not None:
-            self.runner.allocator.free(state.block_table)
+        self.states.pop(seq.seq_id, None)
 
-    def _state(self, seq: Sequence, budget: int) -> _DraftSeq | None:
-        """The sequence's draft state, trimmed to what is still right, with blocks for
-        ``budget`` proposals; None when the draft cache has no room (no proposal then)."""
-        st = self.states.setdefault(seq.seq_id, _DraftSeq())
+    def _state(self, seq: Sequence) -> _DraftSeq:
+        """The sequence's draft state, trimmed to what is still right in the draft cache."""
+        st = self.states.get(seq.seq_id)
+        if st is None or st.epoch != seq.num_preemptions:
+            st = self.states[seq.seq_id] = _DraftSeq(seq.num_preemptions)
         if st.proposals:
             actual = seq.tokens(st.base, min(seq.num_tokens, st.base + len(st.proposals)))
             same = next((i for i, (a, b) in enumerate(zip(actual, st.proposals, strict=False))
                          if a != b), len(actual))
             st.num_computed = min(st.num_computed, st.base + same)
             st.proposals = []
-        need = -(-(seq.num_tokens + budget - 1) // self.block_size) - len(st.block_table)
-        if need > 0:
-            blocks = self.runner.allocator.allocate(need)
-            if blocks is None:
-                self.release(seq)
-                return None
-            st.block_table.extend(blocks)
         return st
 
     @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], max_tokens: list[int]) -> Proposals:
+    def propose(self, seqs: list[Sequence], max_tokens: list[int]
+                ) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Proposals per sequence and, when any request samples, the draft distributions
+        they were drawn from, ``[batch, k, vocab]``."""
         out: list[list[int]] = [[] for _ in seqs]
         budget = [min(m, self.runner.max_model_len - s.num_tokens)
                   for s, m in zip(seqs, max_tokens, strict=True)]
-        active = []
-        for i, seq in enumerate(seqs):
-            st = self._state(seq, budget[i]) if budget[i] > 0 else None
-            if st is not None:
-                active.append((i, seq, st))
+        active = [(i, seq, self._state(seq)) for i, seq in enumerate(seqs) if budget[i] > 0]
         if not active:
-            return Proposals(out)
+            return out, None
         k = max(budget[i] for i, _, _ in active)
         sampled = any(seq.request.params.temperature > 0 for _, seq, _ in active)
         q = (torch.zeros(len(seqs), k, self.runner.vocab_size, device=self.runner.device)
@@ -145,10 +135,10 @@ class DraftProposer:
         for i, seq, st in active:
             missing = seq.tokens(st.num_computed, seq.num_tokens)
             if len(missing) == 1:
-                decodes.append(DecodeRow(missing[0], st.num_computed, st.block_table))
+                decodes.append(DecodeRow(missing[0], st.num_computed, seq.block_table))
                 decode_rows.append((i, seq, st))
             else:
-                prefills.append(PrefillWork(missing, st.num_computed, st.block_table, True))
+                prefills.append(PrefillWork(missing, st.num_computed, seq.block_table, True))
                 prefill_rows.append((i, seq, st))
         rows = decode_rows + prefill_rows  # the order of the logits rows
         logits = self.runner.execute(decodes, prefills)
@@ -159,14 +149,14 @@ class DraftProposer:
             rows = [r for r in rows if len(out[r[0]]) < budget[r[0]]]
             if not rows or j == k - 1:
                 break
-            decodes = [DecodeRow(out[i][-1], seq.num_tokens + j, st.block_table)
-                       for i, seq, st in rows]
+            decodes = [DecodeRow(out[i][-1], seq.num_tokens + j, seq.block_table)
+                       for i, seq, _ in rows]
             logits = self.runner.execute(decodes, [])
         for i, seq, st in active:
             st.base = seq.num_tokens
             st.proposals = list(out[i])
             st.num_computed = seq.num_tokens + len(out[i]) - 1
-        return Proposals(out, q)
+        return out, q
 
     def _draw(self, rows, out: list[list[int]], logits: torch.Tensor, q: torch.Tensor | None,
               j: int) -> list[int]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdecode.proposals import Proposals
-
 
 class NgramProposer:
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
@@ -19,11 +17,6 @@ class NgramProposer:
             raise ValueError(f"need 1 <= ngram_min ({ngram_min}) <= ngram_max ({ngram_max})")
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
-
-    def propose(self, contexts: list[list[int]], max_tokens: list[int]) -> Proposals:
-        """``contexts[i]``: prompt + output of sequence i; ``max_tokens[i]``: its budget."""
-        return Proposals([self.lookup(c, k) if k > 0 else []
-                          for c, k in zip(contexts, max_tokens, strict=True)])
 
     def lookup(self, context: list[int], k: int) -> list[int]:
         tokens = np.asarray(context, dtype=np.int64)

@@ -1,5 +1,6 @@
-"""The speculator the engine drives: chooses each sequence's proposal budget and asks the
-proposer.
+"""The speculator the engine drives (``engine.speculation.Speculator``): proposal budgets
+and the auto-off policy, the proposers, the scorer's runner work, verification, and the
+counts of what was proposed, accepted and emitted.
 
 A sequence whose proposals keep being rejected (open-ended text under n-gram lookup) backs
 off: after a step that accepted nothing it skips 1, 2, 4 ... up to ``MAX_BACKOFF`` steps
@@ -10,14 +11,20 @@ speed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
+import torch
+
+from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
+from engine.sampler import SamplingMetadata, apply_penalties, compute_probs
 from engine.sequence import Sequence
+from engine.speculation import SpecStats, SpeculatorFactory
+from specdecode.batch_expansion import contract, expand, multi_token
+from specdecode.config import SpeculativeConfig
 from specdecode.draft import DraftProposer
 from specdecode.ngram import NgramProposer
-from specdecode.proposals import Proposals
+from specdecode.rejection import rejection_sample, verify_greedy
 
 MAX_BACKOFF = 16
 
@@ -28,21 +35,27 @@ class _Backoff:
     skip: int = 0  # steps left before proposing again
 
 
-class Speculator:
-    def __init__(self, config: EngineConfig, target: ModelRunner) -> None:
-        spec = config.speculative
+def speculator_for(spec: SpeculativeConfig) -> SpeculatorFactory | None:
+    """What ``LLMEngine(speculator=...)`` takes; None when speculation is off."""
+    return functools.partial(SpecWorker, spec) if spec.method else None
+
+
+class SpecWorker:
+    def __init__(self, spec: SpeculativeConfig, target: ModelRunner) -> None:
         if spec.num_spec_tokens < 1:
             raise ValueError(f"num_spec_tokens must be >= 1, got {spec.num_spec_tokens}")
         if spec.scorer not in ("batch_expansion", "multi_token"):
             raise ValueError(f"unknown speculative scorer {spec.scorer!r} "
                              "(batch_expansion or multi_token)")
+        self.method = spec.method or ""
         self.k = spec.num_spec_tokens
         self.multi_token = spec.scorer == "multi_token"
-        self.method = spec.method
         self.disable_batch_size = spec.disable_batch_size
         self.enabled_by_default = spec.enabled_by_default
         self.max_model_len = target.max_model_len
+        self.stats = SpecStats()
         self._backoff: dict[int, _Backoff] = {}
+        self._q: dict[int, torch.Tensor] = {}  # this step's draft distributions by seq id
         self.draft: DraftProposer | None = None
         self.ngram: NgramProposer | None = None
         if spec.method == "ngram":
@@ -50,18 +63,25 @@ class Speculator:
         elif spec.method == "draft":
             if not spec.draft_model:
                 raise ValueError("speculative method 'draft' needs a draft model")
-            self.draft = DraftProposer(target, spec, config)
+            self.draft = DraftProposer(target, spec)
         else:
             raise ValueError(f"unknown speculative method {spec.method!r} (ngram or draft)")
 
-    def wants(self, seq: Sequence) -> bool:
-        enabled = seq.request.params.speculative
-        return self.enabled_by_default if enabled is None else enabled
+    # ---- proposing ------------------------------------------------------------------
 
-    def budget(self, seq: Sequence) -> int:
+    def budgets(self, seqs: list[Sequence], num_running: int) -> list[int]:
+        """Off for the step when the batch is big enough to be compute bound already."""
+        if num_running > self.disable_batch_size:
+            return [0] * len(seqs)
+        return [self._budget(s) for s in seqs]
+
+    def _budget(self, seq: Sequence) -> int:
         """Proposals worth making: none past the context (the step runs as a plain decode)
         and never more than the tokens the sequence may still emit, minus the bonus."""
-        if not self.wants(seq) or seq.num_tokens + self.k > self.max_model_len:
+        enabled = seq.request.params.speculative
+        if not (self.enabled_by_default if enabled is None else enabled):
+            return 0
+        if seq.num_tokens + self.k > self.max_model_len:
             return 0
         backoff = self._backoff.get(seq.seq_id)
         if backoff is not None and backoff.skip > 0:
@@ -70,16 +90,64 @@ class Speculator:
         left = seq.output.max_new_tokens - len(seq.output_token_ids)
         return max(0, min(self.k, left - 1))
 
-    def propose(self, seqs: list[Sequence]) -> Proposals:
-        budgets = [self.budget(s) for s in seqs]
+    def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[list[int]]:
+        self._q.clear()
         if self.draft is not None:
-            return self.draft.propose(seqs, budgets)
+            proposals, q = self.draft.propose(seqs, budgets)
+            if q is not None:
+                self._q = {s.seq_id: q[i] for i, s in enumerate(seqs)}
+            return proposals
         assert self.ngram is not None
-        return self.ngram.propose([s.prompt_token_ids + s.output_token_ids if b else []
-                                   for s, b in zip(seqs, budgets, strict=True)], budgets)
+        return [self.ngram.lookup(s.prompt_token_ids + s.output_token_ids, b) if b else []
+                for s, b in zip(seqs, budgets, strict=True)]
 
-    def observe(self, seq: Sequence, accepted: int) -> None:
-        """Feed back one verification: accepted proposals of ``seq`` this step."""
+    def score_work(self, seq: Sequence, proposals: list[int]
+                   ) -> tuple[list[DecodeRow], list[PrefillWork]]:
+        if self.multi_token:
+            return [], [multi_token(seq, proposals)]
+        return expand(seq, proposals), []
+
+    # ---- verifying ------------------------------------------------------------------
+
+    def verify(self, seqs: list[Sequence], proposals: list[list[int]], logits: torch.Tensor,
+               meta: SamplingMetadata) -> list[list[int]]:
+        """Greedy: the longest prefix matching the target's argmax, then its argmax.
+        Sampled: exact rejection sampling against the draft's q (one-hot for n-gram)."""
+        lengths = [len(p) for p in proposals]
+        k = max(lengths)
+        draft = torch.tensor([p + [0] * (k - len(p)) for p in proposals])
+        lens = torch.tensor(lengths)
+        if meta.all_greedy:
+            target = apply_penalties(logits.float(), meta).argmax(-1)
+            verified = verify_greedy(contract(target, lengths).cpu(), draft, lens)
+        else:
+            probs = contract(compute_probs(logits, meta), lengths)
+            verified = rejection_sample(probs, draft, lens, self._draft_probs(seqs, k),
+                                        [s.generator for s in seqs])
+        self.stats.steps += 1
+        for seq, n, accepted, tokens in zip(seqs, lengths, verified.num_accepted,
+                                            verified.token_ids, strict=True):
+            self.stats.proposed += n
+            self.stats.accepted += accepted
+            self.stats.emitted += len(tokens)
+            seq.request.usage.spec_proposed_tokens += n
+            seq.request.usage.spec_accepted_tokens += accepted
+            self._observe(seq, accepted)
+        return verified.token_ids
+
+    def _draft_probs(self, seqs: list[Sequence], k: int) -> torch.Tensor | None:
+        """``[batch, k, vocab]`` draft distributions of the verified sequences (rows past a
+        sequence's own proposals are never read); None for deterministic proposers."""
+        if not self._q:
+            return None
+        first = next(iter(self._q.values()))
+        q = first.new_zeros(len(seqs), k, first.shape[-1])
+        for i, seq in enumerate(seqs):
+            mine = self._q[seq.seq_id][:k]
+            q[i, :len(mine)] = mine
+        return q
+
+    def _observe(self, seq: Sequence, accepted: int) -> None:
         if accepted:
             self._backoff.pop(seq.seq_id, None)
             return

@@ -7,9 +7,11 @@ import json
 
 import pytest
 
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from specdecode.config import SpeculativeConfig
+from specdecode.worker import speculator_for
 from structured.spec import LM_FORMAT_ENFORCER, XGRAMMAR, StructuredSpec
 from tests.e2e.test_structured_real import chat, factory, supported, validator
 from tests.engine.test_engine import run_to_completion
@@ -26,8 +28,8 @@ COPY_PROMPTS = [
 @pytest.fixture(scope="module")
 def ngram_engine(real_engine):
     spec = SpeculativeConfig(method="ngram", num_spec_tokens=4, ngram_min=1, ngram_max=3)
-    return LLMEngine(EngineConfig(model="default", max_model_len=1024, speculative=spec),
-                     share_weights=real_engine)
+    return LLMEngine(EngineConfig(model="default", max_model_len=1024),
+                     share_weights=real_engine, speculator=speculator_for(spec))
 
 
 def test_greedy_output_is_unchanged_by_ngram_and_self_draft_speculation(real_engine,
@@ -37,22 +39,21 @@ def test_greedy_output_is_unchanged_by_ngram_and_self_draft_speculation(real_eng
     want = {k: v[0].token_ids for k, v in run_to_completion(real_engine, arrivals).items()}
     got = {k: v[0].token_ids for k, v in run_to_completion(ngram_engine, arrivals).items()}
     assert got == want
-    assert ngram_engine.stats().spec_accepted_tokens > 0
-    multi = LLMEngine(EngineConfig(model="default", max_model_len=1024, speculative=(
-        SpeculativeConfig(method="ngram", num_spec_tokens=8, scorer="multi_token"))),
-        share_weights=real_engine)
+    assert ngram_engine.stats().spec.accepted > 0
+    multi = LLMEngine(EngineConfig(model="default", max_model_len=1024),
+                      share_weights=real_engine, speculator=speculator_for(SpeculativeConfig(
+                          method="ngram", num_spec_tokens=8, scorer="multi_token")))
     got = {k: v[0].token_ids for k, v in run_to_completion(multi, arrivals).items()}
     assert got == want
-    assert multi.stats().spec_accepted_tokens > 0
-    self_draft = LLMEngine(EngineConfig(model="default", max_model_len=1024,
-                                        speculative=SpeculativeConfig(
-                                            method="draft", draft_model="self:12",
-                                            num_spec_tokens=3)),
-                           share_weights=real_engine)
+    assert multi.stats().spec.accepted > 0
+    self_draft = LLMEngine(EngineConfig(model="default", max_model_len=1024),
+                           share_weights=real_engine, speculator=speculator_for(
+                               SpeculativeConfig(method="draft", draft_model="self:12",
+                                                 num_spec_tokens=3)))
     first = {0: arrivals[0][:1]}
     drafted = run_to_completion(self_draft, first)["r0"][0].token_ids
     assert drafted == want["r0"]
-    assert self_draft.stats().spec_steps > 0  # (early layers guess poorly: few accepted)
+    assert self_draft.stats().spec.steps > 0  # (early layers guess poorly: few accepted)
 
 
 @pytest.mark.parametrize("backend", [XGRAMMAR, LM_FORMAT_ENFORCER])

@@ -75,7 +75,7 @@ def test_json_schema_suite_outputs_validate(real_engine, structured_outputs, bac
         finished += 1
         validator(schema).validate(json.loads(c.text))
     assert finished >= 0.85 * len(suite), f"only {finished}/{len(suite)} finished: {cut}"
-    assert real_engine.runner.allocator.num_used == 0
+    assert real_engine.scheduler.allocator.num_used == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

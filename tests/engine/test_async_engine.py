@@ -43,4 +43,4 @@ def test_queue_accounting_runs_only_on_the_engine_thread(tiny_model_dir):
     done, full = asyncio.run(main())
     assert done >= 6 and full >= 1  # the bound held and admitted work completed
     assert threads == {"genserve-engine"}
-    assert engine.runner.allocator.num_used == 0
+    assert engine.scheduler.allocator.num_used == 0

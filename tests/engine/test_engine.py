@@ -107,7 +107,7 @@ def test_preemption_by_recompute_keeps_greedy_output(tiny_model_dir, prompt_ids,
     assert engine.scheduler.num_preemptions > 0
     for i in range(len(prompt_ids)):
         assert res[f"r{i}"][0].token_ids == hf_outputs[i], f"prompt {i}"
-    assert engine.runner.allocator.num_used == 0
+    assert engine.scheduler.allocator.num_used == 0
 
 
 def test_seeded_sampling_is_reproducible_regardless_of_batch_mates(tiny_model_dir,
@@ -128,12 +128,12 @@ def test_abort_frees_kv_blocks_and_reports_aborted(tiny_model_dir, prompt_ids):
     engine.add_request("a", prompt_ids[3], SamplingParams(max_new_tokens=50, n=3))
     engine.step()
     engine.step()
-    assert engine.runner.allocator.num_used > 0
+    assert engine.scheduler.allocator.num_used > 0
     engine.abort("a")
     assert engine.stats().num_requests == 0  # counted out at once, not at the next step
     assert engine.has_work  # its final output is still to be collected
     outs = engine.step()
-    assert engine.runner.allocator.num_used == 0
+    assert engine.scheduler.allocator.num_used == 0
     assert outs[0].finished
     assert {d.finish_reason for d in outs[0].deltas} == {FinishReason.ABORTED}
     assert not engine.has_work

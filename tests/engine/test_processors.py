@@ -127,7 +127,7 @@ def test_failing_processor_finishes_only_its_own_sequence(tiny_model_dir, ids):
         assert res[f"h{i}"][0].token_ids == expected[f"h{i}"][0].token_ids
     again = run_to_completion(engine, {0: [("after", ids[1], healthy)]})
     assert again["after"][0].token_ids == expected["h1"][0].token_ids
-    assert engine.runner.allocator.num_used == 0
+    assert engine.scheduler.allocator.num_used == 0
 
 
 def test_a_processor_that_changes_logits_steers_only_its_sequence(tiny_model_dir, ids):
@@ -188,7 +188,7 @@ def test_random_aborts_and_deadlines_release_every_processor_and_block(tiny_mode
     while engine.has_work:
         engine.step()
     assert len(factory.created) == len(factory.released) > 1000
-    assert engine.runner.allocator.num_used == 0
+    assert engine.scheduler.allocator.num_used == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
 

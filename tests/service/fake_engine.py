@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError
+from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError, RequestError
 from engine.llm_engine import EngineStats
 from engine.logits_process import is_factory
 from engine.outputs import CompletionDelta, FinishReason, RequestOutput, TokenLogprob, Usage
 from engine.sampling_params import SamplingParams
+from engine.speculation import SpecStats
 
 KV_BLOCKS_TOTAL = 4096
 
@@ -101,12 +102,12 @@ class FakeEngine:
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not prompt_token_ids:
-            raise ValueError("prompt is empty")
+            raise RequestError("prompt", "the prompt is empty")
         if any(not 0 <= t < self.info.vocab_size for t in prompt_token_ids):
-            raise ValueError("prompt_token_ids: an id is outside the vocabulary")
+            raise RequestError("vocabulary", "a token id is outside the vocabulary")
         if len(prompt_token_ids) >= self.info.max_model_len:
-            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens; the context is "
-                             f"{self.info.max_model_len} tokens")
+            raise RequestError("context", f"the prompt has {len(prompt_token_ids)} tokens; "
+                               f"the context is {self.info.max_model_len} tokens")
         if len(self._waiting) >= self.config.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
         seqs = [_Seq(j, [(p.create(), p) if is_factory(p) else (p, None)
@@ -143,7 +144,7 @@ class FakeEngine:
         return EngineStats(num_running=len(running),
                            num_waiting=sum(len(r.seqs) for r in self._waiting),
                            num_requests=len(self._requests), kv_blocks_total=KV_BLOCKS_TOTAL,
-                           kv_blocks_used=used, num_preemptions=0)
+                           kv_blocks_used=used, num_preemptions=0, spec=SpecStats())
 
     # ---- the step loop --------------------------------------------------------------
 

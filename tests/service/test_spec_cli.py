@@ -1,4 +1,4 @@
-"""``genserve serve --spec-*`` flags map onto the engine's SpeculativeConfig."""
+"""``genserve serve --spec-*`` flags map onto the server's SpeculativeConfig."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def parsed(monkeypatch, *flags: str):
 
     monkeypatch.setattr(service.server, "serve", fake_serve)
     assert cli.main(["serve", *flags]) == 0
-    return seen["config"].engine.speculative
+    return seen["config"].speculative
 
 
 def test_spec_flags_build_the_speculative_config(monkeypatch):

@@ -6,9 +6,11 @@ import grpc
 import pytest
 
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import EngineConfig
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
+from specdecode.config import SpeculativeConfig
+from specdecode.worker import speculator_for
 from tests.service.conftest import start_server, stop_server
 
 PROMPT = "a b a b a b a b a b a b"
@@ -17,8 +19,8 @@ PROMPT = "a b a b a b a b a b a b"
 @pytest.fixture(scope="module")
 def spec_stub(tiny_model_dir):
     spec = SpeculativeConfig(method="draft", draft_model=str(tiny_model_dir), num_spec_tokens=3)
-    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir), max_model_len=256,
-                                                  speculative=spec))
+    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir), max_model_len=256),
+                                     speculator_for(spec))
     running, _ = start_server(engine, structured=None)
     with grpc.insecure_channel(running.address) as channel:
         yield pb_grpc.GenerationServiceStub(channel)

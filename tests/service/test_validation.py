@@ -24,7 +24,7 @@ def parse(tokenizer, info, **fields):
 def test_defaults_are_greedy_with_the_server_default_length(tokenizer, info):
     p = parse(tokenizer, info, prompt="Hello world")
     assert p.prompt_token_ids == tokenizer("Hello world")["input_ids"]
-    assert p.params.temperature == 0.0 and p.params.greedy
+    assert p.params.temperature == 0.0
     assert p.params.n == 1 and p.params.top_p == 1.0 and p.params.repetition_penalty == 1.0
     assert p.params.max_new_tokens == 32 and p.params.time_limit_s is None
     assert p.params.logits_processors == []

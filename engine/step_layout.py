@@ -1,0 +1,86 @@
+"""Where each scheduled sequence's tokens and logits rows sit in one step's forward.
+
+Every scheduled sequence contributes ``1 + m`` logits rows (``m`` = its speculative
+proposals; 0 for plain decodes and sampled prefill chunks) or none (a prefill chunk that
+does not reach its last token). The runner returns decode rows first, then prefill rows;
+the layout is built once per step and answers every later question by row range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.model_runner import DecodeRow, PrefillWork
+from engine.scheduler import ScheduledSeq
+from engine.sequence import Sequence
+from engine.speculation import Speculator
+
+
+@dataclass
+class RowView:
+    """One logits row as processors and penalties see it: the sequence, with the ``j``
+    proposals before this row appended to its output."""
+
+    seq: Sequence
+    output_token_ids: list[int]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.seq.prompt_token_ids
+
+
+@dataclass
+class Entry:
+    seq: Sequence
+    num_tokens: int  # computed this step
+    proposals: list[int]
+    rows: range = field(default_factory=lambda: range(0))  # its logits rows
+
+
+@dataclass
+class StepLayout:
+    entries: list[Entry]  # in logits-row order; entries without rows last
+    decodes: list[DecodeRow]
+    prefills: list[PrefillWork]
+    views: list[RowView]  # one per logits row
+
+    @classmethod
+    def build(cls, scheduled: list[ScheduledSeq], proposals: dict[int, list[int]],
+              speculator: Speculator | None) -> StepLayout:
+        decoded: list[tuple[Entry, int]] = []
+        prefilled: list[tuple[Entry, int]] = []
+        unsampled: list[Entry] = []
+        decodes: list[DecodeRow] = []
+        prefills: list[PrefillWork] = []
+        for s in scheduled:
+            seq, start = s.seq, s.seq.num_computed_tokens
+            entry = Entry(seq, s.num_tokens, proposals.get(seq.seq_id, []))
+            if entry.proposals:
+                assert speculator is not None
+                d, p = speculator.score_work(seq, entry.proposals)
+                decodes.extend(d)
+                prefills.extend(p)
+                (decoded if d else prefilled).append((entry, len(entry.proposals) + 1))
+            elif s.samples and s.num_tokens == 1:
+                decodes.append(DecodeRow(seq.token_at(start), start, seq.block_table))
+                decoded.append((entry, 1))
+            else:
+                prefills.append(PrefillWork(seq.tokens(start, start + s.num_tokens), start,
+                                            seq.block_table, s.samples))
+                if s.samples:
+                    prefilled.append((entry, 1))
+                else:
+                    unsampled.append(entry)
+        entries, views, row = [], [], 0
+        for entry, n in decoded + prefilled:
+            entry.rows = range(row, row + n)
+            row += n
+            entries.append(entry)
+            out = entry.seq.output_token_ids
+            views.extend(RowView(entry.seq, out + entry.proposals[:j] if j else out)
+                         for j in range(n))
+        return cls(entries + unsampled, decodes, prefills, views)
+
+    @property
+    def sampled(self) -> list[Entry]:
+        return [e for e in self.entries if e.rows]
