@@ -1,4 +1,9 @@
-"""``genserve serve`` (the server) and ``genserve generate`` (a small client)."""
+"""``genserve serve`` (the server) and ``genserve generate`` (a small client).
+
+Only ``serve`` needs the engine: its modules (torch, transformers, the grammar backends)
+are imported when ``serve`` is chosen, so ``genserve generate`` and ``--help`` start in a
+fraction of a second and run where only the client's dependencies are installed.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,12 @@ import asyncio
 import logging
 import re
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from engine.config import EngineConfig
 from service.logs import LOG_FORMATS, setup_logging
-from service.validation import ServiceLimits
 from specdecode.config import SpeculativeConfig
-from structured.manager import StructuredConfig
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
           "gib": 2**30}
@@ -43,9 +48,39 @@ def _int_at_least(low: int):
 positive_int, non_negative_int = _int_at_least(1), _int_at_least(0)
 
 
+class _LazySubcommands(argparse._SubParsersAction):
+    """Subcommands whose flags are added only once the command is chosen on the command
+    line: ``serve``'s defaults come from classes whose modules import torch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deferred: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+
+    def defer(self, name: str, add_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+        self._deferred[name] = add_arguments
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        add_arguments = self._deferred.pop(values[0], None)
+        if add_arguments is not None:
+            add_arguments(self._name_parser_map[values[0]])
+        super().__call__(parser, namespace, values, option_string)
+
+
 def _serve_parser(sub) -> None:
+    """``serve``; its flags are added now, or when chosen if ``sub`` defers them."""
     p = sub.add_parser("serve", help="run the gRPC server",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    if isinstance(sub, _LazySubcommands):
+        sub.defer("serve", _serve_args)
+    else:
+        _serve_args(p)
+
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    from service.validation import ServiceLimits
+    from structured.manager import StructuredConfig
+
     e, limits = EngineConfig(), ServiceLimits()
     p.add_argument("--model", default=e.model,
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M)")
@@ -227,6 +262,8 @@ def _generate_parser(sub) -> None:
 
 def _run_serve(args) -> int:
     from service.server import ServerConfig, serve
+    from service.validation import ServiceLimits
+    from structured.manager import StructuredConfig
 
     engine = EngineConfig(
         model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -317,7 +354,7 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="genserve")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, action=_LazySubcommands)
     _serve_parser(sub)
     _generate_parser(sub)
     args = parser.parse_args(argv)
