@@ -3,56 +3,45 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
 import grpc
 import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genserve.client._core import (
-    DEFAULT_TARGET,
-    DEFAULT_TIMEOUT,
-    MAX_MESSAGE_BYTES,
     SERVICE_NAME,
     BatchItem,
-    ChannelSettings,
-    FinishReason,
     GenerateOptions,
     GenerateResult,
     GenserveError,
-    LoadBalancing,
     ModelInfo,
-    PemSource,
     Prompt,
+    ServingWait,
     StreamChunk,
     Tokenized,
-    Usage,
-    _StreamState,
+    _ClientBase,
+    _StreamBase,
     batch_from_pb,
+    batch_request,
     build_request,
-    chunk_from_pb,
+    health_name,
+    health_request,
     model_info_from_pb,
     result_from_pb,
+    tokenized_from_pb,
 )
 from genserve.v1 import generation_pb2 as pb
-from genserve.v1 import generation_pb2_grpc as pb_grpc
 
 
-class AsyncStream:
+class AsyncStream(_StreamBase):
     """The chunks of one ``generate_stream`` call: ``async for chunk in stream``.
 
     Like :class:`genserve.client.Stream`: ``text``/``texts``/``usage``/``finish_reason``
     gather what has passed; leaving an ``async with`` block, or ``cancel()``, cancels the
     call; failures raise :class:`GenserveError`.
     """
-
-    def __init__(self, call: Any, timeout: float | None) -> None:
-        self._call = call
-        self._timeout = timeout
-        self._state = _StreamState()
 
     def __aiter__(self) -> AsyncStream:
         return self
@@ -64,12 +53,7 @@ class AsyncStream:
             raise GenserveError.from_rpc(e, self._timeout) from e
         if msg is grpc.aio.EOF:
             raise StopAsyncIteration
-        chunk = chunk_from_pb(msg)
-        self._state.add(chunk)
-        return chunk
-
-    def cancel(self) -> None:
-        self._call.cancel()
+        return self._received(msg)
 
     async def __aenter__(self) -> AsyncStream:
         return self
@@ -78,28 +62,8 @@ class AsyncStream:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         self.cancel()
 
-    @property
-    def request_id(self) -> str:
-        return self._state.request_id
 
-    @property
-    def text(self) -> str:
-        return self._state.text
-
-    @property
-    def texts(self) -> dict[int, str]:
-        return self._state.texts
-
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return self._state.finish_reasons.get(0)
-
-    @property
-    def usage(self) -> Usage | None:
-        return self._state.usage
-
-
-class AsyncClient:
+class AsyncClient(_ClientBase):
     """An asyncio genserve client over one ``grpc.aio`` channel.
 
     Same arguments and methods as :class:`genserve.client.Client`, as coroutines
@@ -108,30 +72,8 @@ class AsyncClient:
     ``async with AsyncClient(...)`` or ``await client.close()``.
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = DEFAULT_TIMEOUT,
-                 tls: bool = False, root_certificates: PemSource | None = None,
-                 certificate_chain: PemSource | None = None,
-                 private_key: PemSource | None = None, server_name: str | None = None,
-                 load_balancing: LoadBalancing | None = "round_robin", max_attempts: int = 1,
-                 wait_for_ready: bool = False,
-                 metadata: Sequence[tuple[str, str]] = (),
-                 max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 options: Sequence[tuple[str, Any]] = ()) -> None:
-        self.settings = ChannelSettings(
-            target=target, tls=tls, root_certificates=root_certificates,
-            certificate_chain=certificate_chain, private_key=private_key,
-            server_name=server_name, load_balancing=load_balancing,
-            max_attempts=max_attempts, max_message_bytes=max_message_bytes, options=options)
-        self.timeout = timeout
-        self.wait_for_ready = wait_for_ready
-        self.metadata = tuple(metadata)
-        credentials = self.settings.credentials()
-        options_ = self.settings.channel_options()
-        self.channel = (
-            grpc.aio.insecure_channel(target, options=options_) if credentials is None
-            else grpc.aio.secure_channel(target, credentials, options=options_))
-        self._stub = pb_grpc.GenerationServiceStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+    _grpc = grpc.aio
+    channel: grpc.aio.Channel
 
     async def close(self) -> None:
         await self.channel.close()
@@ -143,14 +85,10 @@ class AsyncClient:
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
-    def _timeout(self, timeout: float | None) -> float | None:
-        return self.timeout if timeout is None else timeout
-
     async def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         t = self._timeout(timeout)
         try:
-            return await method(request, timeout=t, metadata=self.metadata or None,
-                                wait_for_ready=self.wait_for_ready)
+            return await method(request, **self._call_options(t))
         except grpc.RpcError as e:
             raise GenserveError.from_rpc(e, t) from e
 
@@ -165,30 +103,19 @@ class AsyncClient:
                              timeout: float | None = None,
                              **options: Unpack[GenerateOptions]) -> list[BatchItem]:
         """See :meth:`genserve.client.Client.generate_batch`."""
-        if isinstance(prompts, str | pb.GenerateRequest):
-            raise TypeError("generate_batch takes a sequence of prompts")
-        if "request_id" in options:
-            raise TypeError("request_id is per item: pass GenerateRequest items to set it")
-        request = pb.GenerateBatchRequest(requests=[
-            build_request(p, None if isinstance(p, pb.GenerateRequest) else options)
-            for p in prompts])
-        return batch_from_pb(await self._unary(self._stub.GenerateBatch, request, timeout))
+        return batch_from_pb(await self._unary(self._stub.GenerateBatch,
+                                               batch_request(prompts, options), timeout))
 
     def generate_stream(self, prompt: Prompt | pb.GenerateRequest, *,
                         timeout: float | None = None,
                         **options: Unpack[GenerateOptions]) -> AsyncStream:
         """See :meth:`genserve.client.Client.generate_stream`; ``async for`` the result."""
-        request = pb.GenerateStreamRequest(request=build_request(prompt, options))
-        t = self._timeout(timeout)
-        call = self._stub.GenerateStream(request, timeout=t, metadata=self.metadata or None,
-                                         wait_for_ready=self.wait_for_ready)
-        return AsyncStream(call, t)
+        return AsyncStream(*self._start_stream(prompt, timeout, options))
 
     async def tokenize(self, text: str, *, return_tokens: bool = False,
                        timeout: float | None = None) -> Tokenized:
-        resp = await self._unary(self._stub.Tokenize, pb.TokenizeRequest(
-            text=text, return_tokens=return_tokens), timeout)
-        return Tokenized(tuple(resp.token_ids), tuple(resp.tokens))
+        return tokenized_from_pb(await self._unary(self._stub.Tokenize, pb.TokenizeRequest(
+            text=text, return_tokens=return_tokens), timeout))
 
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         return model_info_from_pb(await self._unary(self._stub.GetModelInfo,
@@ -196,24 +123,18 @@ class AsyncClient:
 
     async def health(self, service: str = "", *, timeout: float | None = None) -> str:
         """See :meth:`genserve.client.Client.health`."""
-        resp = await self._unary(self._health.Check,
-                                 health_pb2.HealthCheckRequest(service=service), timeout)
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+        return health_name(await self._unary(self._health.Check, health_request(service),
+                                             timeout))
 
     async def wait_until_serving(self, timeout: float = 120.0, *, service: str = SERVICE_NAME,
                                  poll_s: float = 0.25) -> None:
         """See :meth:`genserve.client.Client.wait_until_serving`."""
-        end = time.monotonic() + timeout
-        last = "no answer"
-        while True:
-            try:
-                last = await self.health(
-                    service, timeout=max(0.1, min(5.0, end - time.monotonic())))
-                if last == "SERVING":
-                    return
-            except GenserveError as e:
-                last = e.describe()
-            if time.monotonic() >= end:
-                raise GenserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"not SERVING after {timeout:g}s (last: {last})")
+        wait = ServingWait(timeout)
+        while not wait.done(await self._health_or_error(service, wait.check_timeout())):
             await asyncio.sleep(poll_s)
+
+    async def _health_or_error(self, service: str, timeout: float) -> str | GenserveError:
+        try:
+            return await self.health(service, timeout=timeout)
+        except GenserveError as e:
+            return e

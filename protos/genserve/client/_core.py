@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
 
 SERVICE_NAME = "genserve.v1.GenerationService"
 DEFAULT_TARGET = "localhost:50051"
@@ -562,3 +565,139 @@ class ChannelSettings:
             options.append(("grpc.default_authority", self.server_name))
         options.extend(self.options)
         return options
+
+
+# ---- what Client and AsyncClient share ------------------------------------------------
+# The two differ only in blocking vs awaiting; everything else lives here once.
+
+class _StreamBase:
+    """The call of one ``generate_stream``, its deadline, and what has passed so far."""
+
+    def __init__(self, call: Any, timeout: float | None) -> None:
+        self._call = call
+        self._timeout = timeout
+        self._state = _StreamState()
+
+    def _received(self, msg: pb.GenerateStreamResponse) -> StreamChunk:
+        chunk = chunk_from_pb(msg)
+        self._state.add(chunk)
+        return chunk
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    @property
+    def request_id(self) -> str:
+        return self._state.request_id
+
+    @property
+    def text(self) -> str:
+        """Completion 0's text so far."""
+        return self._state.text
+
+    @property
+    def texts(self) -> dict[int, str]:
+        """Each completion's text so far, by index."""
+        return self._state.texts
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self._state.finish_reasons.get(0)
+
+    @property
+    def usage(self) -> Usage | None:
+        """Set once the last chunk has arrived."""
+        return self._state.usage
+
+
+class _ClientBase:
+    """Settings, channel, stubs and per-call options; subclasses set ``_grpc`` to the
+    module whose ``insecure_channel``/``secure_channel`` make their channel (grpc or
+    grpc.aio: same signatures)."""
+
+    _grpc: Any
+
+    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = DEFAULT_TIMEOUT,
+                 tls: bool = False, root_certificates: PemSource | None = None,
+                 certificate_chain: PemSource | None = None,
+                 private_key: PemSource | None = None, server_name: str | None = None,
+                 load_balancing: LoadBalancing | None = "round_robin", max_attempts: int = 1,
+                 wait_for_ready: bool = False,
+                 metadata: Sequence[tuple[str, str]] = (),
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 options: Sequence[tuple[str, Any]] = ()) -> None:
+        self.settings = ChannelSettings(
+            target=target, tls=tls, root_certificates=root_certificates,
+            certificate_chain=certificate_chain, private_key=private_key,
+            server_name=server_name, load_balancing=load_balancing,
+            max_attempts=max_attempts, max_message_bytes=max_message_bytes, options=options)
+        self.timeout = timeout
+        self.wait_for_ready = wait_for_ready
+        self.metadata = tuple(metadata)
+        credentials = self.settings.credentials()
+        options_ = self.settings.channel_options()
+        self.channel = (
+            self._grpc.insecure_channel(target, options=options_) if credentials is None
+            else self._grpc.secure_channel(target, credentials, options=options_))
+        self._stub = pb_grpc.GenerationServiceStub(self.channel)
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    def _call_options(self, timeout: float | None) -> dict[str, Any]:
+        return {"timeout": timeout, "metadata": self.metadata or None,
+                "wait_for_ready": self.wait_for_ready}
+
+    def _start_stream(self, prompt: Prompt | pb.GenerateRequest, timeout: float | None,
+                      options: GenerateOptions) -> tuple[Any, float | None]:
+        """(the GenerateStream call, its deadline)."""
+        request = pb.GenerateStreamRequest(request=build_request(prompt, options))
+        t = self._timeout(timeout)
+        return self._stub.GenerateStream(request, **self._call_options(t)), t
+
+
+def batch_request(prompts: Sequence[Prompt | pb.GenerateRequest],
+                  options: GenerateOptions) -> pb.GenerateBatchRequest:
+    if isinstance(prompts, str | pb.GenerateRequest):
+        raise TypeError("generate_batch takes a sequence of prompts")
+    if "request_id" in options:
+        raise TypeError("request_id is per item: pass GenerateRequest items to set it")
+    return pb.GenerateBatchRequest(requests=[
+        build_request(p, None if isinstance(p, pb.GenerateRequest) else options)
+        for p in prompts])
+
+
+def tokenized_from_pb(resp: pb.TokenizeResponse) -> Tokenized:
+    return Tokenized(tuple(resp.token_ids), tuple(resp.tokens))
+
+
+def health_request(service: str) -> health_pb2.HealthCheckRequest:
+    return health_pb2.HealthCheckRequest(service=service)
+
+
+def health_name(resp: health_pb2.HealthCheckResponse) -> str:
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+
+class ServingWait:
+    """``wait_until_serving``'s clock and last answer."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.end = time.monotonic() + timeout
+        self.last = "no answer"
+
+    def check_timeout(self) -> float:
+        """The deadline of the next health check: at most 5 s, at least 0.1 s."""
+        return max(0.1, min(5.0, self.end - time.monotonic()))
+
+    def done(self, answer: str | GenserveError) -> bool:
+        """True on SERVING; raises GenserveError(DEADLINE_EXCEEDED) once time is up."""
+        self.last = answer.describe() if isinstance(answer, GenserveError) else answer
+        if self.last == "SERVING":
+            return True
+        if time.monotonic() >= self.end:
+            raise GenserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"not SERVING after {self.timeout:g}s (last: {self.last})")
+        return False

@@ -8,38 +8,33 @@ from types import TracebackType
 from typing import Any, Unpack
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genserve.client._core import (
-    DEFAULT_TARGET,
-    DEFAULT_TIMEOUT,
-    MAX_MESSAGE_BYTES,
     SERVICE_NAME,
     BatchItem,
-    ChannelSettings,
-    FinishReason,
     GenerateOptions,
     GenerateResult,
     GenserveError,
-    LoadBalancing,
     ModelInfo,
-    PemSource,
     Prompt,
+    ServingWait,
     StreamChunk,
     Tokenized,
-    Usage,
-    _StreamState,
+    _ClientBase,
+    _StreamBase,
     batch_from_pb,
+    batch_request,
     build_request,
-    chunk_from_pb,
+    health_name,
+    health_request,
     model_info_from_pb,
     result_from_pb,
+    tokenized_from_pb,
 )
 from genserve.v1 import generation_pb2 as pb
-from genserve.v1 import generation_pb2_grpc as pb_grpc
 
 
-class Stream:
+class Stream(_StreamBase):
     """The chunks of one ``generate_stream`` call, as they arrive.
 
     Iterate it for :class:`StreamChunk` text deltas; ``text``, ``texts``, ``usage`` and
@@ -48,25 +43,14 @@ class Stream:
     between chunks, raises :class:`GenserveError`.
     """
 
-    def __init__(self, call: Any, timeout: float | None) -> None:
-        self._call = call
-        self._timeout = timeout
-        self._state = _StreamState()
-
     def __iter__(self) -> Iterator[StreamChunk]:
         return self
 
     def __next__(self) -> StreamChunk:
         try:
-            msg = next(self._call)
+            return self._received(next(self._call))
         except grpc.RpcError as e:
             raise GenserveError.from_rpc(e, self._timeout) from e
-        chunk = chunk_from_pb(msg)
-        self._state.add(chunk)
-        return chunk
-
-    def cancel(self) -> None:
-        self._call.cancel()
 
     def __enter__(self) -> Stream:
         return self
@@ -75,31 +59,8 @@ class Stream:
                  tb: TracebackType | None) -> None:
         self.cancel()  # a no-op once the stream has ended
 
-    @property
-    def request_id(self) -> str:
-        return self._state.request_id
 
-    @property
-    def text(self) -> str:
-        """Completion 0's text so far."""
-        return self._state.text
-
-    @property
-    def texts(self) -> dict[int, str]:
-        """Each completion's text so far, by index."""
-        return self._state.texts
-
-    @property
-    def finish_reason(self) -> FinishReason | None:
-        return self._state.finish_reasons.get(0)
-
-    @property
-    def usage(self) -> Usage | None:
-        """Set once the last chunk has arrived."""
-        return self._state.usage
-
-
-class Client:
+class Client(_ClientBase):
     """A blocking genserve client over one gRPC channel (thread-safe).
 
     ``target``: ``host:port``, or a name such as
@@ -116,29 +77,8 @@ class Client:
     instead of failing UNAVAILABLE at once. ``metadata``: sent with every call.
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, timeout: float | None = DEFAULT_TIMEOUT,
-                 tls: bool = False, root_certificates: PemSource | None = None,
-                 certificate_chain: PemSource | None = None,
-                 private_key: PemSource | None = None, server_name: str | None = None,
-                 load_balancing: LoadBalancing | None = "round_robin", max_attempts: int = 1,
-                 wait_for_ready: bool = False,
-                 metadata: Sequence[tuple[str, str]] = (),
-                 max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 options: Sequence[tuple[str, Any]] = ()) -> None:
-        self.settings = ChannelSettings(
-            target=target, tls=tls, root_certificates=root_certificates,
-            certificate_chain=certificate_chain, private_key=private_key,
-            server_name=server_name, load_balancing=load_balancing,
-            max_attempts=max_attempts, max_message_bytes=max_message_bytes, options=options)
-        self.timeout = timeout
-        self.wait_for_ready = wait_for_ready
-        self.metadata = tuple(metadata)
-        credentials = self.settings.credentials()
-        options_ = self.settings.channel_options()
-        self.channel = (grpc.insecure_channel(target, options=options_) if credentials is None
-                        else grpc.secure_channel(target, credentials, options=options_))
-        self._stub = pb_grpc.GenerationServiceStub(self.channel)
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+    _grpc = grpc
+    channel: grpc.Channel
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -152,14 +92,10 @@ class Client:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _timeout(self, timeout: float | None) -> float | None:
-        return self.timeout if timeout is None else timeout
-
     def _unary(self, method: Any, request: Any, timeout: float | None) -> Any:
         t = self._timeout(timeout)
         try:
-            return method(request, timeout=t, metadata=self.metadata or None,
-                          wait_for_ready=self.wait_for_ready)
+            return method(request, **self._call_options(t))
         except grpc.RpcError as e:
             raise GenserveError.from_rpc(e, t) from e
 
@@ -177,33 +113,22 @@ class Client:
         """Many prompts in one call, run concurrently; one :class:`BatchItem` per prompt in
         order, each a result or that item's own error. ``options`` apply to every prompt
         that is not a ready ``GenerateRequest``; a ``request_id`` option is not allowed."""
-        if isinstance(prompts, str | pb.GenerateRequest):
-            raise TypeError("generate_batch takes a sequence of prompts")
-        if "request_id" in options:
-            raise TypeError("request_id is per item: pass GenerateRequest items to set it")
-        request = pb.GenerateBatchRequest(requests=[
-            build_request(p, None if isinstance(p, pb.GenerateRequest) else options)
-            for p in prompts])
-        return batch_from_pb(self._unary(self._stub.GenerateBatch, request, timeout))
+        return batch_from_pb(self._unary(self._stub.GenerateBatch,
+                                         batch_request(prompts, options), timeout))
 
     def generate_stream(self, prompt: Prompt | pb.GenerateRequest, *,
                         timeout: float | None = None,
                         **options: Unpack[GenerateOptions]) -> Stream:
         """Stream one prompt's completion(s) as text deltas; ``timeout`` bounds the whole
         stream."""
-        request = pb.GenerateStreamRequest(request=build_request(prompt, options))
-        t = self._timeout(timeout)
-        call = self._stub.GenerateStream(request, timeout=t, metadata=self.metadata or None,
-                                         wait_for_ready=self.wait_for_ready)
-        return Stream(call, t)
+        return Stream(*self._start_stream(prompt, timeout, options))
 
     # ---- the rest ---------------------------------------------------------------------
 
     def tokenize(self, text: str, *, return_tokens: bool = False,
                  timeout: float | None = None) -> Tokenized:
-        resp = self._unary(self._stub.Tokenize, pb.TokenizeRequest(
-            text=text, return_tokens=return_tokens), timeout)
-        return Tokenized(tuple(resp.token_ids), tuple(resp.tokens))
+        return tokenized_from_pb(self._unary(self._stub.Tokenize, pb.TokenizeRequest(
+            text=text, return_tokens=return_tokens), timeout))
 
     def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         return model_info_from_pb(self._unary(self._stub.GetModelInfo,
@@ -212,24 +137,18 @@ class Client:
     def health(self, service: str = "", *, timeout: float | None = None) -> str:
         """The server's health status name: ``SERVING``, ``NOT_SERVING`` (loading the model
         or draining)... ``service``: "" (the server) or ``genserve.v1.GenerationService``."""
-        resp = self._unary(self._health.Check, health_pb2.HealthCheckRequest(service=service),
-                           timeout)
-        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+        return health_name(self._unary(self._health.Check, health_request(service), timeout))
 
     def wait_until_serving(self, timeout: float = 120.0, *, service: str = SERVICE_NAME,
                            poll_s: float = 0.25) -> None:
         """Block until health says SERVING (the model loaded and warmed up); raise
         GenserveError(DEADLINE_EXCEEDED) after ``timeout`` seconds."""
-        end = time.monotonic() + timeout
-        last = "no answer"
-        while True:
-            try:
-                last = self.health(service, timeout=max(0.1, min(5.0, end - time.monotonic())))
-                if last == "SERVING":
-                    return
-            except GenserveError as e:
-                last = e.describe()
-            if time.monotonic() >= end:
-                raise GenserveError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"not SERVING after {timeout:g}s (last: {last})")
+        wait = ServingWait(timeout)
+        while not wait.done(self._health_or_error(service, wait.check_timeout())):
             time.sleep(poll_s)
+
+    def _health_or_error(self, service: str, timeout: float) -> str | GenserveError:
+        try:
+            return self.health(service, timeout=timeout)
+        except GenserveError as e:
+            return e
