@@ -37,6 +37,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead: BaseException | None = None
+        self.died: asyncio.Event | None = None  # set (on the event loop) if the loop crashes
         # Read by the asyncio thread, written by the loop thread: plain ints behind a lock,
         # never the scheduler's own containers (iterating those mid-step would race).
         self._lock = threading.Lock()
@@ -52,6 +53,7 @@ class AsyncEngine:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.died = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="genserve-engine", daemon=True)
         self._thread.start()
 
@@ -156,5 +158,12 @@ class AsyncEngine:
             log.exception("engine loop crashed")
             self._dead = e
             err = EngineDeadError(f"engine loop crashed: {type(e).__name__}: {e}")
-            for request_id in list(self._streams):
-                self._send(request_id, err)
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._fail_all, err)
+
+    def _fail_all(self, err: EngineDeadError) -> None:
+        """On the event loop, so no stream registers unseen: every waiting caller fails."""
+        for queue in self._streams.values():
+            queue.put_nowait(err)
+        assert self.died is not None
+        self.died.set()

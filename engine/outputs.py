@@ -58,16 +58,8 @@ class RequestOutput:
 
 
 @dataclass
-class Completion:
+class Completion(CompletionDelta):
     """A whole sequence's output, accumulated from its deltas."""
-
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    stop_sequence: str | None = None
-    error: str | None = None
 
     def add(self, delta: CompletionDelta) -> None:
         self.text += delta.text

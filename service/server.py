@@ -106,6 +106,7 @@ class GenServer:
         self._stopped = asyncio.Event()
         self._forced = False
         self._drain_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
 
     def _engine_stats(self):
         """For the metrics scrape (another thread): the engine's ints, once it exists."""
@@ -155,6 +156,7 @@ class GenServer:
             self.engine = engine
         if not self.engine.is_running:
             self.engine.start()
+        self._watch_task = asyncio.create_task(self._watch_engine())
         self.servicer.registry = PluginRegistry(
             PluginContext(self.engine.tokenizer, self.engine.info.vocab_size),
             self.config.processor_plugins)
@@ -173,6 +175,13 @@ class GenServer:
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
         return self.port
+
+    async def _watch_engine(self) -> None:
+        """A crashed engine loop can serve nothing: stop routing traffic here at once."""
+        assert self.engine is not None and self.engine.died is not None
+        await self.engine.died.wait()
+        log.error("engine loop died: health NOT_SERVING; restart the server")
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def warm_up(self) -> None:
         assert self.engine is not None
@@ -197,6 +206,8 @@ class GenServer:
         # Only quick calls (health watches, Tokenize) can remain: a short grace suffices.
         await self.server.stop(grace=0 if self._forced else
                                min(1.0, max(0.0, deadline - time.monotonic())))
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         if self.engine is not None:
             await self.engine.shutdown()
         if self.servicer.structured is not None:

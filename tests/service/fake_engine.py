@@ -71,9 +71,10 @@ class FakeEngine:
         self._running: list[_Request] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.died: asyncio.Event | None = None
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> FakeEngine:
+    def from_config(cls, config: EngineConfig, speculator=None) -> FakeEngine:
         from transformers import AutoTokenizer
 
         return cls(AutoTokenizer.from_pretrained(config.model), config)
@@ -82,6 +83,7 @@ class FakeEngine:
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
+        self.died = asyncio.Event()  # never set: the fake loop does not crash
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def shutdown(self) -> None:

@@ -85,3 +85,38 @@ def test_watch_sees_warm_up_and_drain(tokenizer, tiny_model_dir):
             asyncio.run_coroutine_threadsafe(server.drain(), loop).result(60)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_health_goes_not_serving_when_the_engine_loop_dies(tiny_model_dir):
+    """A crashed engine can serve nothing: the in-flight call fails UNAVAILABLE and the
+    probes see NOT_SERVING, so Kubernetes restarts the pod instead of routing to it."""
+    from engine.async_engine import AsyncEngine
+    from engine.llm_engine import LLMEngine
+    from tests.service.conftest import start_server, stop_server
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=256))
+    step, armed = engine.step, threading.Event()
+
+    def crashing():
+        if armed.is_set():
+            raise RuntimeError("boom")
+        return step()
+
+    engine.step = crashing  # type: ignore[method-assign]
+    running, thread = start_server(AsyncEngine(engine), structured=None)
+    try:
+        with grpc.insecure_channel(running.address) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            check = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+            assert health.Check(check).status == SERVING
+            armed.set()
+            stub = pb_grpc.GenerationServiceStub(ch)
+            try:
+                stub.Generate(pb.GenerateRequest(prompt="hi"), timeout=30)
+                raise AssertionError("the call should fail")
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE and "boom" in e.details()
+            assert wait_until(lambda: health.Check(check).status == NOT_SERVING)
+            assert health.Check(health_pb2.HealthCheckRequest()).status == NOT_SERVING
+    finally:
+        stop_server(running, thread)

@@ -289,3 +289,48 @@ def test_sampled_distributions_match_with_and_without_speculation(deep_model_dir
 
     assert tv(plain_1, spec_1) < 0.07
     assert tv(plain_3, spec_3) < 0.12
+
+
+def _record_forwards(engine) -> list[tuple[int, int]]:
+    """(decode rows, prefill chunks) of every target forward from now on."""
+    calls: list[tuple[int, int]] = []
+    execute = engine.runner.execute
+
+    def recorded(decodes, prefills):
+        calls.append((len(decodes), len(prefills)))
+        return execute(decodes, prefills)
+
+    engine.runner.execute = recorded
+    return calls
+
+
+@pytest.mark.parametrize("scorer", ["batch_expansion", "multi_token"])
+def test_accepted_tokens_are_never_recomputed(deep_model_dir, ids, scorer):
+    """A draft equal to the target has every proposal accepted: N new tokens with k
+    proposals take 1 + ceil((N - 1) / (k + 1)) forwards, and after the prompt's prefill
+    no forward recomputes a token (no prefill chunk but the scorer's own query)."""
+    k, new = 4, 21
+    engine = engine_for(deep_model_dir, "draft", deep_model_dir, k=k, scorer=scorer)
+    calls = _record_forwards(engine)
+    out = run_to_completion(engine, {0: [("r", ids[1], SamplingParams(
+        max_new_tokens=new, min_new_tokens=new))]})["r"][0]
+    assert len(out.token_ids) == new
+    assert len(calls) == 1 + -(-(new - 1) // (k + 1))  # 1 prefill + 4 speculative steps
+    assert calls[0] == (0, 1)
+    if scorer == "batch_expansion":
+        assert all(prefills == 0 and decodes == k + 1 for decodes, prefills in calls[1:])
+    else:
+        assert all(decodes == 0 and prefills == 1 for decodes, prefills in calls[1:])
+    stats = engine.stats().spec
+    assert stats.accepted == stats.proposed == new - 1 - stats.steps
+
+
+def test_ngram_speculates_on_consecutive_steps(deep_model_dir, ids):
+    engine = engine_for(deep_model_dir, "ngram", k=4)
+    calls = _record_forwards(engine)
+    run_to_completion(engine, {0: [("r", ids[0], SamplingParams(
+        max_new_tokens=40, min_new_tokens=40, logits_processors=[CopyPrompt()]))]})
+    speculated = [decodes > 1 for decodes, _ in calls]
+    assert any(a and b for a, b in zip(speculated, speculated[1:], strict=False))
+    assert all(prefills == 0 for _, prefills in calls[1:])  # nothing recomputed
+    assert len(calls) < 40 / 2

@@ -1,0 +1,130 @@
+"""Scheduler and block allocator: token budget, chunked prefill, preemption order, block
+growth for proposals, freeing. Plain sequences, no model."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.kv_cache import BlockAllocator
+from engine.scheduler import Scheduler
+from engine.sequence import SeqStatus, Sequence
+
+
+def seq(i: int, prompt_len: int) -> Sequence:
+    return Sequence(i, None, 0, list(range(prompt_len)), None)  # type: ignore[arg-type]
+
+
+def step(sched: Scheduler) -> list[tuple[int, int, bool]]:
+    """Schedule, then pretend the forward ran (and a token was sampled where due)."""
+    out = sched.schedule()
+    for s in out:
+        s.seq.num_computed_tokens += s.num_tokens
+        if s.samples:
+            s.seq.output_token_ids.append(0)
+    return [(s.seq.seq_id, s.num_tokens, s.samples) for s in out]
+
+
+def test_the_token_budget_chunks_prefills_and_admits_in_arrival_order():
+    sched = Scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=16)
+    for i, n in enumerate([10, 10, 10]):
+        sched.add(seq(i, n))
+    assert step(sched) == [(0, 10, True), (1, 6, False)]
+    # running sequences go first: 0 decodes, 1 finishes its prefill, 2 gets the rest
+    assert step(sched) == [(0, 1, True), (1, 4, True), (2, 10, True)]
+    assert step(sched) == [(0, 1, True), (1, 1, True), (2, 1, True)]
+
+
+def test_a_long_prompt_is_prefilled_in_budget_sized_chunks_sampled_only_at_the_end():
+    sched = Scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=16)
+    sched.add(seq(0, 40))
+    assert [step(sched) for _ in range(4)] == [[(0, 16, False)], [(0, 16, False)],
+                                              [(0, 8, True)], [(0, 1, True)]]
+
+
+def test_max_num_seqs_bounds_the_running_set():
+    sched = Scheduler(num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=64)
+    for i in range(3):
+        sched.add(seq(i, 3))
+    assert [s for s, _, _ in step(sched)] == [0, 1]
+    assert len(sched.waiting) == 1
+
+
+def test_blocks_grow_with_the_sequence_and_are_freed_on_remove():
+    sched = Scheduler(num_blocks=8, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    s = seq(0, 5)
+    sched.add(s)
+    step(sched)
+    assert len(s.block_table) == 2  # 5 tokens
+    for _ in range(3):
+        step(sched)  # tokens 6, 7, 8 computed
+    assert len(s.block_table) == 2
+    step(sched)  # the 9th token needs a third block
+    assert len(s.block_table) == 3 and sched.allocator.num_used == 3
+    sched.remove(s)
+    assert s.block_table == [] and sched.allocator.num_used == 0
+    assert not sched.running
+
+
+def test_memory_pressure_preempts_the_latest_arrival_which_keeps_its_output():
+    sched = Scheduler(num_blocks=4, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    a, b = seq(0, 4), seq(1, 4)
+    sched.add(a)
+    sched.add(b)
+    step(sched)  # each holds 1 block, has 1 output token
+    step(sched)  # 5 tokens each: 2 blocks each, all 4 used
+    assert sched.allocator.num_used == 4
+    for _ in range(4):
+        step(sched)
+    # a needed a third block: b (the latest arrival) was preempted, a went on
+    assert sched.num_preemptions == 1 and b.num_preemptions == 1
+    assert b.status is SeqStatus.WAITING and sched.waiting[0] is b
+    assert b.num_computed_tokens == 0 and b.block_table == []
+    assert len(b.output_token_ids) == 5  # kept: it is recomputed, not restarted
+    assert a.status is SeqStatus.RUNNING and len(a.block_table) == 3
+    sched.remove(a)
+    out = step(sched)  # b comes back and prefills prompt + output at once
+    assert out == [(1, 9, True)]
+
+
+def test_a_sequence_that_alone_exceeds_memory_preempts_itself():
+    sched = Scheduler(num_blocks=2, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    s = seq(0, 8)
+    sched.add(s)
+    step(sched)
+    assert step(sched) == [] and s.status is SeqStatus.WAITING
+
+
+def test_reserve_grows_blocks_for_proposals_without_preempting():
+    sched = Scheduler(num_blocks=3, block_size=4, max_num_seqs=8, max_num_batched_tokens=64)
+    a, b = seq(0, 4), seq(1, 4)
+    sched.add(a)
+    sched.add(b)
+    step(sched)
+    assert sched.reserve(a, a.num_tokens + 3)  # 8 tokens: a second block
+    assert len(a.block_table) == 2
+    assert not sched.reserve(b, b.num_tokens + 8)  # would need 3 more: refused, none taken
+    assert len(b.block_table) == 1 and sched.allocator.num_used == 3
+    assert sched.num_preemptions == 0 and a.status is b.status is SeqStatus.RUNNING
+
+
+def test_the_allocator_never_hands_out_a_block_twice_and_refuses_whole():
+    alloc = BlockAllocator(5)
+    first = alloc.allocate(3)
+    assert first is not None and alloc.allocate(3) is None and alloc.num_used == 3
+    second = alloc.allocate(2)
+    assert second is not None and not set(first) & set(second)
+    assert sorted(first + second) == list(range(5))
+    alloc.free(first)
+    assert first == [] and alloc.num_used == 2
+    again = alloc.allocate(3)
+    assert again is not None and not set(again) & set(second)
+
+
+@pytest.mark.parametrize("budget", [1, 7])
+def test_the_budget_is_never_exceeded(budget):
+    sched = Scheduler(num_blocks=64, block_size=4, max_num_seqs=8,
+                      max_num_batched_tokens=budget)
+    for i, n in enumerate([5, 9, 2]):
+        sched.add(seq(i, n))
+    for _ in range(12):
+        assert sum(n for _, n, _ in step(sched)) <= budget
