@@ -25,7 +25,7 @@ from engine.logits_process import bind
 from engine.model_runner import ModelRunner
 from engine.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
 from engine.processors import ProcessorRunner
-from engine.sampler import Sampler, SamplingMetadata, token_logprobs
+from engine.sampler import Sampler, SamplingMetadata
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
@@ -57,13 +57,14 @@ class LLMEngine:
         """``share_weights``: reuse another engine's loaded model; ``speculator``: builds
         the speculative decoder from the target's runner (``specdecode.speculator_for``)."""
         self.config = config
-        self.runner = ModelRunner(config, share_weights.runner if share_weights else None)
+        self.runner: ModelRunner = ModelRunner(
+            config, share_weights.runner if share_weights else None)
         self.tokenizer = self.runner.tokenizer
         self.info = ModelInfo(model_id=self.runner.model_id,
                               max_model_len=self.runner.max_model_len,
                               vocab_size=self.runner.vocab_size,
                               eos_token_ids=self.runner.eos_token_ids())
-        self._eos = frozenset(self.info.eos_token_ids)
+        self._eos = set(self.info.eos_token_ids)
         self.scheduler = Scheduler(self.runner.num_blocks, config.block_size,
                                    config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
@@ -209,7 +210,7 @@ class LLMEngine:
                     self._fail(entry.seq, next(failed[r] for r in entry.rows if r in failed))
             live = [e for e in layout.sampled if not e.seq.is_finished]
             emitted = self._verify(live, layout.views, logits)
-            logprobs = self._logprobs(live, emitted, logits)
+            logprobs = layout.logprobs(live, emitted, logits)
             for entry, tokens, lps in zip(live, emitted, logprobs, strict=True):
                 # accepted proposals are in the cache already: never computed again
                 entry.seq.num_computed_tokens += len(tokens) - 1
@@ -294,30 +295,6 @@ class LLMEngine:
                 seq.output.min_new_tokens = 0
                 return []
         return banned
-
-    def _logprobs(self, entries: list[Entry], emitted: list[list[int]],
-                  logits: torch.Tensor) -> list[list[TokenLogprob] | None]:
-        """Logprobs of every emitted token under its own row's distribution (after the
-        processors, before penalties), for the requests that ask; one device copy."""
-        want = [i for i, e in enumerate(entries) if e.seq.request.params.logprobs
-                or e.seq.request.params.top_logprobs]
-        out: list[list[TokenLogprob] | None] = [None] * len(entries)
-        if not want:
-            return out
-        rows = [r for i in want for r in entries[i].rows[:len(emitted[i])]]
-        ids = [t for i in want for t in emitted[i]]
-        k = max(entries[i].seq.request.params.top_logprobs for i in want)
-        chosen, top_ids, top_lps = token_logprobs(
-            logits[torch.tensor(rows, device=logits.device)], torch.tensor(ids), k)
-        r = 0
-        for i in want:
-            kk = entries[i].seq.request.params.top_logprobs
-            out[i] = []
-            for t in emitted[i]:
-                top = list(zip(top_ids[r][:kk], top_lps[r][:kk], strict=True))
-                out[i].append(TokenLogprob(t, chosen[r], top))  # type: ignore[union-attr]
-                r += 1
-        return out
 
     def _emit(self, seq: Sequence, token_ids: list[int],
               logprobs: list[TokenLogprob] | None) -> None:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from engine.model_runner import DecodeRow, PrefillWork
+from engine.outputs import TokenLogprob
+from engine.sampler import token_logprobs
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Sequence
 from engine.speculation import Speculator
@@ -71,7 +75,9 @@ class StepLayout:
                     prefilled.append((entry, 1))
                 else:
                     unsampled.append(entry)
-        entries, views, row = [], [], 0
+        entries: list[Entry] = []
+        views: list[RowView] = []
+        row = 0
         for entry, n in decoded + prefilled:
             entry.rows = range(row, row + n)
             row += n
@@ -84,3 +90,28 @@ class StepLayout:
     @property
     def sampled(self) -> list[Entry]:
         return [e for e in self.entries if e.rows]
+
+    @staticmethod
+    def logprobs(entries: list[Entry], emitted: list[list[int]], logits: torch.Tensor
+                 ) -> list[list[TokenLogprob] | None]:
+        """Logprobs of every emitted token under the row that chose it (after the
+        processors, before penalties), for the requests that ask; one device copy."""
+        out: list[list[TokenLogprob] | None] = [None] * len(entries)
+        want = [i for i, e in enumerate(entries)
+                if e.seq.request.params.logprobs or e.seq.request.params.top_logprobs]
+        if not want:
+            return out
+        rows = [r for i in want for r in entries[i].rows[:len(emitted[i])]]
+        k = max(entries[i].seq.request.params.top_logprobs for i in want)
+        chosen, top_ids, top_lps = token_logprobs(
+            logits[torch.tensor(rows, device=logits.device)],
+            torch.tensor([t for i in want for t in emitted[i]]), k)
+        r = 0
+        for i in want:
+            kk = entries[i].seq.request.params.top_logprobs
+            lps = out[i] = []
+            for t in emitted[i]:
+                lps.append(TokenLogprob(t, chosen[r], list(zip(top_ids[r][:kk], top_lps[r][:kk],
+                                                               strict=True))))
+                r += 1
+        return out
