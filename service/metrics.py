@@ -53,39 +53,40 @@ class EngineCollector(Collector):
             return
         if s is None:  # the model is still loading
             return
-        yield GaugeMetricFamily("genserve_waiting_sequences",
-                                "sequences waiting to be scheduled (the queue depth; a request "
-                                "with n samples counts n)", value=s.num_waiting)
-        yield GaugeMetricFamily("genserve_running_sequences",
-                                "sequences running in the engine's batch", value=s.num_running)
-        yield GaugeMetricFamily("genserve_engine_requests",
-                                "requests in the engine (waiting or running)",
-                                value=s.num_requests)
-        yield GaugeMetricFamily("genserve_kv_cache_usage_ratio",
-                                "fraction of KV-cache blocks in use (0..1)", value=s.kv_usage)
-        yield GaugeMetricFamily("genserve_kv_cache_blocks",
-                                "KV-cache blocks in total", value=s.kv_blocks_total)
-        yield GaugeMetricFamily("genserve_kv_cache_blocks_used",
-                                "KV-cache blocks in use", value=s.kv_blocks_used)
-        yield CounterMetricFamily("genserve_preemptions",
-                                  "sequences preempted (recomputed later) for lack of KV blocks",
-                                  value=s.num_preemptions)
-        yield CounterMetricFamily("genserve_spec_steps",
-                                  "engine steps that speculated (one verification pass each)",
-                                  value=s.spec.steps)
-        yield CounterMetricFamily("genserve_spec_proposed_tokens",
-                                  "draft tokens proposed by speculative decoding",
-                                  value=s.spec.proposed)
-        yield CounterMetricFamily("genserve_spec_accepted_tokens",
-                                  "proposed tokens the target model accepted",
-                                  value=s.spec.accepted)
-        yield CounterMetricFamily("genserve_spec_emitted_tokens",
-                                  "tokens emitted by speculating steps (accepted + one bonus "
-                                  "per sequence)", value=s.spec.emitted)
-        rate = s.spec.accepted / s.spec.proposed if s.spec.proposed else 0.0
-        yield GaugeMetricFamily("genserve_spec_acceptance_rate",
-                                "accepted / proposed speculative tokens since start (0 before "
-                                "any proposal)", value=rate)
+        for kind, name, doc, read in _ENGINE_METRICS:
+            yield kind(name, doc, value=read(s))
+
+
+def _acceptance(s: EngineStats) -> float:
+    return s.spec.accepted / s.spec.proposed if s.spec.proposed else 0.0
+
+
+_G, _C = GaugeMetricFamily, CounterMetricFamily
+# What the collector reads from EngineStats at each scrape: (family, name, help, value).
+_ENGINE_METRICS: list[tuple[Callable[..., Metric], str, str, Callable[[EngineStats], float]]] = [
+    (_G, "genserve_waiting_sequences", "sequences waiting to be scheduled (the queue depth; "
+     "a request with n samples counts n)", lambda s: s.num_waiting),
+    (_G, "genserve_running_sequences", "sequences running in the engine's batch",
+     lambda s: s.num_running),
+    (_G, "genserve_engine_requests", "requests in the engine (waiting or running)",
+     lambda s: s.num_requests),
+    (_G, "genserve_kv_cache_usage_ratio", "fraction of KV-cache blocks in use (0..1)",
+     lambda s: s.kv_usage),
+    (_G, "genserve_kv_cache_blocks", "KV-cache blocks in total", lambda s: s.kv_blocks_total),
+    (_G, "genserve_kv_cache_blocks_used", "KV-cache blocks in use", lambda s: s.kv_blocks_used),
+    (_C, "genserve_preemptions", "sequences preempted (recomputed later) for lack of KV "
+     "blocks", lambda s: s.num_preemptions),
+    (_C, "genserve_spec_steps", "engine steps that speculated (one verification pass each)",
+     lambda s: s.spec.steps),
+    (_C, "genserve_spec_proposed_tokens", "draft tokens proposed by speculative decoding",
+     lambda s: s.spec.proposed),
+    (_C, "genserve_spec_accepted_tokens", "proposed tokens the target model accepted",
+     lambda s: s.spec.accepted),
+    (_C, "genserve_spec_emitted_tokens", "tokens emitted by speculating steps (accepted + "
+     "one bonus per sequence)", lambda s: s.spec.emitted),
+    (_G, "genserve_spec_acceptance_rate", "accepted / proposed speculative tokens since start "
+     "(0 before any proposal)", _acceptance),
+]
 
 
 class Metrics:
