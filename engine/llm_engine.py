@@ -15,7 +15,7 @@ import itertools
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,7 +44,7 @@ class EngineStats:
     kv_blocks_total: int
     kv_blocks_used: int
     num_preemptions: int
-    spec: SpecStats  # all zero when the engine does not speculate
+    spec: SpecStats = field(default_factory=SpecStats)  # zeros when it does not speculate
 
     @property
     def kv_usage(self) -> float:
