@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
-from engine.llm_engine import EngineStats, LLMEngine
-from engine.outputs import RequestOutput
+from engine.llm_engine import LLMEngine
+from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.speculation import SpeculatorFactory
 

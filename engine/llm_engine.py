@@ -13,9 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -23,32 +21,17 @@ from engine.config import EngineConfig, ModelInfo, QueueFullError, RequestError
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logits_process import bind
 from engine.model_runner import ModelRunner
-from engine.outputs import FinishReason, RequestOutput, TokenLogprob, Usage
-from engine.processors import ProcessorRunner
+from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
+from engine.processors import ProcessorRunner, overlap_pays
 from engine.sampler import Sampler, SamplingMetadata
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
-from engine.speculation import SpecStats, SpeculatorFactory
+from engine.speculation import SpeculatorFactory
 from engine.step_layout import Entry, RowView, StepLayout
 from engine.stop_checker import OutputState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_requests: int
-    kv_blocks_total: int
-    kv_blocks_used: int
-    num_preemptions: int
-    spec: SpecStats = field(default_factory=SpecStats)  # zeros when it does not speculate
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_blocks_used / max(1, self.kv_blocks_total)
 
 
 class LLMEngine:
@@ -68,7 +51,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.runner.num_blocks, config.block_size,
                                    config.max_num_seqs, config.max_num_batched_tokens)
         self.sampler = Sampler()
-        self.processor_runner = ProcessorRunner(self._overlap_prepare())
+        self.processor_runner = ProcessorRunner(
+            config.overlap_prepare if config.overlap_prepare is not None
+            else overlap_pays(self.runner.device))
         self.speculator = speculator(self.runner) if speculator is not None else None
         if self.speculator is not None:
             self.info.spec_method, self.info.spec_k = self.speculator.method, self.speculator.k
@@ -76,13 +61,6 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._touched: dict[str, Request] = {}  # requests with output to collect
-
-    def _overlap_prepare(self) -> bool:
-        if self.config.overlap_prepare is not None:
-            return self.config.overlap_prepare
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-        return self.runner.device.type == "cuda" or cores > torch.get_num_threads()
 
     # ---- requests -------------------------------------------------------------------
 

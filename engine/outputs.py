@@ -69,3 +69,28 @@ class Completion(CompletionDelta):
             self.finish_reason = delta.finish_reason
             self.stop_sequence = delta.stop_sequence
             self.error = delta.error
+
+
+@dataclass
+class SpecStats:
+    """Cumulative since start; the only place speculation is counted server-wide."""
+
+    steps: int = 0  # verification passes (one per step that speculated)
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0  # tokens emitted by verified sequences (accepted + one each)
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_requests: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    num_preemptions: int
+    spec: SpecStats = field(default_factory=SpecStats)  # zeros when it does not speculate
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / max(1, self.kv_blocks_total)

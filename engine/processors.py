@@ -12,6 +12,7 @@ every other sequence goes on.
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,6 +49,14 @@ class _Done(Future):
             self.set_result(fn(*args))
         except Exception as e:
             self.set_exception(e)
+
+
+def overlap_pays(device: torch.device) -> bool:
+    """Overlap prepare with the forward only where the forward leaves a core free (CUDA,
+    or more cores than torch uses): on a CPU whose cores it saturates, overlap was slower."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return device.type == "cuda" or cores > torch.get_num_threads()
 
 
 class ProcessorRunner:

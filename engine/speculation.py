@@ -11,24 +11,14 @@ engine imports nothing from ``specdecode``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
+from engine.outputs import SpecStats
 from engine.sampler import SamplingMetadata
 from engine.sequence import Sequence
-
-
-@dataclass
-class SpecStats:
-    """Cumulative since start; the only place speculation is counted server-wide."""
-
-    steps: int = 0  # verification passes (one per step that speculated)
-    proposed: int = 0
-    accepted: int = 0
-    emitted: int = 0  # tokens emitted by verified sequences (accepted + one each)
 
 
 class Speculator(Protocol):

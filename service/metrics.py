@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.llm_engine import EngineStats
+from engine.outputs import EngineStats
 
 log = logging.getLogger(__name__)
 

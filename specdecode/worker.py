@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
+from engine.outputs import SpecStats
 from engine.sampler import SamplingMetadata, apply_penalties, compute_probs
 from engine.sequence import Sequence
-from engine.speculation import SpecStats, SpeculatorFactory
+from engine.speculation import SpeculatorFactory
 from specdecode.batch_expansion import contract, expand, multi_token
 from specdecode.config import SpeculativeConfig
 from specdecode.draft import DraftProposer

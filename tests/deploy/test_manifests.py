@@ -170,7 +170,7 @@ def test_deployment_selects_its_pods(deployment, pod, docs):
 def _exported_metrics() -> dict[str, str]:
     """Metric family name -> type, as a server's registry exports them (engine gauges
     included, from a stand-in EngineStats)."""
-    from engine.llm_engine import EngineStats
+    from engine.outputs import EngineStats
     from service.metrics import Metrics
 
     metrics = Metrics()

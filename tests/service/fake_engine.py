@@ -24,11 +24,17 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError, RequestError
-from engine.llm_engine import EngineStats
 from engine.logits_process import is_factory
-from engine.outputs import CompletionDelta, FinishReason, RequestOutput, TokenLogprob, Usage
+from engine.outputs import (
+    CompletionDelta,
+    EngineStats,
+    FinishReason,
+    RequestOutput,
+    SpecStats,
+    TokenLogprob,
+    Usage,
+)
 from engine.sampling_params import SamplingParams
-from engine.speculation import SpecStats
 
 KV_BLOCKS_TOTAL = 4096
 
