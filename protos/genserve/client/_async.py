@@ -10,32 +10,11 @@ from typing import Any, Unpack
 import grpc
 import grpc.aio
 
-from genserve.client._core import (
-    SERVICE_NAME,
-    BatchItem,
-    GenerateOptions,
-    GenerateResult,
-    GenserveError,
-    ModelInfo,
-    Prompt,
-    ServingWait,
-    StreamChunk,
-    Tokenized,
-    _ClientBase,
-    _StreamBase,
-    batch_from_pb,
-    batch_request,
-    build_request,
-    health_name,
-    health_request,
-    model_info_from_pb,
-    result_from_pb,
-    tokenized_from_pb,
-)
+from genserve.client import _core as core
 from genserve.v1 import generation_pb2 as pb
 
 
-class AsyncStream(_StreamBase):
+class AsyncStream(core._StreamBase):
     """The chunks of one ``generate_stream`` call: ``async for chunk in stream``.
 
     Like :class:`genserve.client.Stream`: ``text``/``texts``/``usage``/``finish_reason``
@@ -46,11 +25,11 @@ class AsyncStream(_StreamBase):
     def __aiter__(self) -> AsyncStream:
         return self
 
-    async def __anext__(self) -> StreamChunk:
+    async def __anext__(self) -> core.StreamChunk:
         try:
             msg = await self._call.read()
         except grpc.RpcError as e:
-            raise GenserveError.from_rpc(e, self._timeout) from e
+            raise core.GenserveError.from_rpc(e, self._timeout) from e
         if msg is grpc.aio.EOF:
             raise StopAsyncIteration
         return self._received(msg)
@@ -63,7 +42,7 @@ class AsyncStream(_StreamBase):
         self.cancel()
 
 
-class AsyncClient(_ClientBase):
+class AsyncClient(core._ClientBase):
     """An asyncio genserve client over one ``grpc.aio`` channel.
 
     Same arguments and methods as :class:`genserve.client.Client`, as coroutines
@@ -90,51 +69,51 @@ class AsyncClient(_ClientBase):
         try:
             return await method(request, **self._call_options(t))
         except grpc.RpcError as e:
-            raise GenserveError.from_rpc(e, t) from e
+            raise core.GenserveError.from_rpc(e, t) from e
 
-    async def generate(self, prompt: Prompt | pb.GenerateRequest, *,
+    async def generate(self, prompt: core.Prompt | pb.GenerateRequest, *,
                        timeout: float | None = None,
-                       **options: Unpack[GenerateOptions]) -> GenerateResult:
+                       **options: Unpack[core.GenerateOptions]) -> core.GenerateResult:
         """See :meth:`genserve.client.Client.generate`."""
-        return result_from_pb(await self._unary(self._stub.Generate,
-                                                build_request(prompt, options), timeout))
+        return core.result_from_pb(await self._unary(self._stub.Generate,
+                                                core.build_request(prompt, options), timeout))
 
-    async def generate_batch(self, prompts: Sequence[Prompt | pb.GenerateRequest], *,
+    async def generate_batch(self, prompts: Sequence[core.Prompt | pb.GenerateRequest], *,
                              timeout: float | None = None,
-                             **options: Unpack[GenerateOptions]) -> list[BatchItem]:
+                             **options: Unpack[core.GenerateOptions]) -> list[core.BatchItem]:
         """See :meth:`genserve.client.Client.generate_batch`."""
-        return batch_from_pb(await self._unary(self._stub.GenerateBatch,
-                                               batch_request(prompts, options), timeout))
+        return core.batch_from_pb(await self._unary(self._stub.GenerateBatch,
+                                               core.batch_request(prompts, options), timeout))
 
-    def generate_stream(self, prompt: Prompt | pb.GenerateRequest, *,
+    def generate_stream(self, prompt: core.Prompt | pb.GenerateRequest, *,
                         timeout: float | None = None,
-                        **options: Unpack[GenerateOptions]) -> AsyncStream:
+                        **options: Unpack[core.GenerateOptions]) -> AsyncStream:
         """See :meth:`genserve.client.Client.generate_stream`; ``async for`` the result."""
         return AsyncStream(*self._start_stream(prompt, timeout, options))
 
     async def tokenize(self, text: str, *, return_tokens: bool = False,
-                       timeout: float | None = None) -> Tokenized:
-        return tokenized_from_pb(await self._unary(self._stub.Tokenize, pb.TokenizeRequest(
+                       timeout: float | None = None) -> core.Tokenized:
+        return core.tokenized_from_pb(await self._unary(self._stub.Tokenize, pb.TokenizeRequest(
             text=text, return_tokens=return_tokens), timeout))
 
-    async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
-        return model_info_from_pb(await self._unary(self._stub.GetModelInfo,
+    async def model_info(self, *, timeout: float | None = None) -> core.ModelInfo:
+        return core.model_info_from_pb(await self._unary(self._stub.GetModelInfo,
                                                     pb.GetModelInfoRequest(), timeout))
 
     async def health(self, service: str = "", *, timeout: float | None = None) -> str:
         """See :meth:`genserve.client.Client.health`."""
-        return health_name(await self._unary(self._health.Check, health_request(service),
+        return core.health_name(await self._unary(self._health.Check, core.health_request(service),
                                              timeout))
 
-    async def wait_until_serving(self, timeout: float = 120.0, *, service: str = SERVICE_NAME,
+    async def wait_until_serving(self, timeout: float = 120.0, *, service: str = core.SERVICE_NAME,
                                  poll_s: float = 0.25) -> None:
         """See :meth:`genserve.client.Client.wait_until_serving`."""
-        wait = ServingWait(timeout)
+        wait = core.ServingWait(timeout)
         while not wait.done(await self._health_or_error(service, wait.check_timeout())):
             await asyncio.sleep(poll_s)
 
-    async def _health_or_error(self, service: str, timeout: float) -> str | GenserveError:
+    async def _health_or_error(self, service: str, timeout: float) -> str | core.GenserveError:
         try:
             return await self.health(service, timeout=timeout)
-        except GenserveError as e:
+        except core.GenserveError as e:
             return e
