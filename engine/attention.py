@@ -7,10 +7,22 @@ token per *decode row* (each row its own query over its own cached prefix: plain
 and the k+1 queries of speculative batch expansion alike), then *prefill chunks*.
 Every layer writes the step's keys/values into the paged cache first, then attends, so a
 row sees every token written before it in the same step.
+
+Compiled decode steps (engine/compiled_step.py) pass one of two markers instead of an
+``AttentionMetadata``:
+
+- ``OpaqueDecode``: attention runs as the custom op ``genserve::decode_attention``, which
+  the compiler treats as a black box (vLLM's piecewise split at attention). Its eager body
+  reads this step's metadata from ``forward_context``, so the graph around it keeps fixed
+  shapes while the gathered context is only as wide as the step's longest row.
+- ``StaticDecode``: attention stays in the graph over a full-width block table, masked by
+  sequence length; no host values, so it can be captured as a CUDA graph.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -41,32 +53,82 @@ class AttentionMetadata:
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
-def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                    **kwargs):
-    """query ``[1, H, T, D]``, key/value ``[1, KVH, T, D]`` -> ``([1, T, H, D], None)``."""
-    meta: AttentionMetadata = kwargs["genserve_meta"]
-    layer = module.layer_idx
-    k_cache = meta.kv_cache.key[layer]
-    v_cache = meta.kv_cache.value[layer]
-    _, n_kv, _, d = key.shape
-    flat_k = k_cache.view(-1, n_kv, d)
-    flat_v = v_cache.view(-1, n_kv, d)
-    flat_k.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
-    flat_v.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
+@dataclass(frozen=True, eq=False)
+class OpaqueDecode:
+    """Marker: decode-only step whose attention is the opaque ``decode_attention`` op."""
 
-    q = query[0].transpose(0, 1)  # [T, H, D]
+
+@dataclass(eq=False)
+class StaticDecode:
+    """Decode-only step over static buffers: tables ``[B, W]`` cover ``max_model_len``."""
+
+    kv_cache: KVCache
+    slot_mapping: torch.Tensor  # [B]
+    block_tables: torch.Tensor  # [B, W] long
+    seq_lens: torch.Tensor  # [B] long, >= 1 (padded rows attend to the scratch slot)
+
+
+@dataclass
+class _ForwardContext:
+    meta: AttentionMetadata
+    next_layer: int = 0  # opaque attention calls come in layer order
+
+
+_forward: _ForwardContext | None = None
+
+
+@contextlib.contextmanager
+def forward_context(meta: AttentionMetadata, num_layers: int | None = None) -> Iterator[None]:
+    """Hand ``meta`` to the opaque attention op for the duration of one forward; with
+    ``num_layers``, check that every layer's attention ran exactly once."""
+    global _forward
+    prev, _forward = _forward, _ForwardContext(meta)
+    try:
+        yield
+        if num_layers is not None and _forward.next_layer != num_layers:
+            raise RuntimeError(f"compiled step ran {_forward.next_layer} attention layers, "
+                               f"expected {num_layers}")
+    finally:
+        _forward = prev
+
+
+def _write_cache(kv_cache: KVCache, layer: int, slot_mapping: torch.Tensor,
+                 key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    k_cache = kv_cache.key[layer]
+    v_cache = kv_cache.value[layer]
+    _, n_kv, _, d = key.shape
+    k_cache.view(-1, n_kv, d).index_copy_(0, slot_mapping, key[0].transpose(0, 1))
+    v_cache.view(-1, n_kv, d).index_copy_(0, slot_mapping, value[0].transpose(0, 1))
+    return k_cache, v_cache
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            tables: torch.Tensor, mask: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """q ``[nd, H, D]`` over each row's gathered blocks ``tables [nd, W]`` -> ``[nd, H, D]``."""
+    nd = q.shape[0]
+    n_kv, d = k_cache.shape[2], k_cache.shape[3]
+    # index_select is ~7x faster than advanced indexing for this gather on CPU.
+    flat = tables.flatten()
+    ks = k_cache.index_select(0, flat).view(nd, -1, n_kv, d).transpose(1, 2)
+    vs = v_cache.index_select(0, flat).view(nd, -1, n_kv, d).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=mask, scale=scaling,
+                                       enable_gqa=True)
+    return o.squeeze(2)
+
+
+def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
+                     key: torch.Tensor, value: torch.Tensor,
+                     scaling: float | None) -> torch.Tensor:
+    """The eager step: ``[1, H, T, D]`` queries -> ``[1, T, H, D]``."""
+    k_cache, v_cache = _write_cache(meta.kv_cache, layer, meta.slot_mapping, key, value)
+    n_kv, d = key.shape[1], key.shape[3]
     outs = []
     nd = meta.num_decode
     if nd:
-        # index_select is ~7x faster than advanced indexing for this gather on CPU.
-        flat_tables = meta.decode_block_tables.flatten()
-        ks = k_cache.index_select(0, flat_tables).view(nd, -1, n_kv, d).transpose(1, 2)
-        vs = v_cache.index_select(0, flat_tables).view(nd, -1, n_kv, d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q[:nd].unsqueeze(2), ks, vs, attn_mask=meta.decode_mask, scale=scaling,
-            enable_gqa=True,
-        )
-        outs.append(o.squeeze(2))  # [nd, H, D]
+        assert meta.decode_block_tables is not None and meta.decode_mask is not None
+        q = query[0, :, :nd].transpose(0, 1)  # [nd, H, D]
+        outs.append(_decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_mask,
+                            scaling))
     for chunk in meta.prefills:
         qc = query[:, :, chunk.start:chunk.start + chunk.length]
         if chunk.mask is None:
@@ -83,7 +145,50 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
                                                scale=scaling, enable_gqa=True)
         outs.append(o[0].transpose(0, 1))  # [length, H, D]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
-    return out.unsqueeze(0), None
+    return out.unsqueeze(0)
+
+
+@torch.library.custom_op("genserve::decode_attention", mutates_args=())
+def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scaling: float) -> torch.Tensor:
+    """Eager paged attention of the next layer inside a compiled step (metadata from
+    ``forward_context``). The layer index is counted, not passed, so every layer's graph
+    is the same and compiles once. Writes the cache as a side effect the compiler does
+    not see: declaring the cache as mutated would make the compiler copy it."""
+    ctx = _forward
+    assert ctx is not None, "decode_attention outside forward_context"
+    layer = ctx.next_layer
+    ctx.next_layer += 1
+    return _paged_attention(ctx.meta, layer, query, key, value, scaling).contiguous()
+
+
+@decode_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+      scaling: float) -> torch.Tensor:
+    return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+
+
+def _static_decode(meta: StaticDecode, layer: int, query: torch.Tensor, key: torch.Tensor,
+                   value: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    k_cache, v_cache = _write_cache(meta.kv_cache, layer, meta.slot_mapping, key, value)
+    width = meta.block_tables.shape[1] * k_cache.shape[1]
+    mask = torch.arange(width, device=query.device)[None, :] < meta.seq_lens[:, None]
+    q = query[0].transpose(0, 1)
+    return _decode(q, k_cache, v_cache, meta.block_tables, mask[:, None, None, :],
+                   scaling).unsqueeze(0)
+
+
+def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                    **kwargs):
+    """query ``[1, H, T, D]``, key/value ``[1, KVH, T, D]`` -> ``([1, T, H, D], None)``."""
+    meta = kwargs["genserve_meta"]
+    layer = module.layer_idx
+    if isinstance(meta, OpaqueDecode):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return decode_attention(query, key, value, float(scale)), None
+    if isinstance(meta, StaticDecode):
+        return _static_decode(meta, layer, query, key, value, scaling), None
+    return _paged_attention(meta, layer, query, key, value, scaling), None
 
 
 AttentionInterface.register(ATTN_NAME, paged_attention)

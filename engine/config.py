@@ -22,6 +22,12 @@ class EngineConfig:
     # only when the forward leaves a CPU core free (CUDA, or more cores than torch uses);
     # on a CPU whose cores the forward saturates, overlapping measured slower (make bench).
     overlap_prepare: bool | None = None
+    # Compiled decode step (engine/compiled_step.py, built by ModelRunner.warmup()). CUDA:
+    # a CUDA graph per bucket, rows padded up to it. CPU: torch.compile covers 1..largest
+    # bucket rows (two graphs, no padding). Mixed and larger steps run eagerly.
+    enforce_eager: bool = False  # True: never compile or capture anything
+    decode_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    compile_budget_s: float = 300.0  # start-up time for building graphs; the rest stay eager
 
 
 @dataclass

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import ATTN_NAME, AttentionMetadata, PrefillChunk
+from engine.compiled_step import DecodeGraphs, WarmupReport, cap_buckets
 from engine.config import EngineConfig
+from engine.decode_inputs import build_decode_inputs
 from engine.kv_cache import KVCache, KVCacheSpec
 from engine.model_loader import (
     load_model,
@@ -79,9 +81,16 @@ class ModelRunner:
                 f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer than 2 blocks "
                 f"({spec.bytes_per_block} bytes each)"
             )
-        self.kv_cache = KVCache(spec, num_blocks, self.device)
+        # One block more than the scheduler hands out: the scratch block that padded rows of
+        # a compiled decode step write to and read from.
+        self.kv_cache = KVCache(spec, num_blocks + 1, self.device)
         self.num_blocks = num_blocks  # the scheduler's BlockAllocator hands these out
-        self.max_rows_per_seq = 1  # decode rows one sequence may add (the engine sets k + 1)
+        self.scratch_block = num_blocks
+        self.config = config
+        # Rows one sequence may add to a decode step (speculative batch expansion: k + 1);
+        # the engine raises it when it is given a speculator (EngineConfig has no spec knobs).
+        self.max_rows_per_seq = 1
+        self.decode_graphs: DecodeGraphs | None = None  # built by warmup()
         log.info("KV cache: %d blocks of %d tokens (%.0f MiB, %d tokens)", num_blocks,
                  config.block_size, num_blocks * spec.bytes_per_block / 2**20,
                  num_blocks * config.block_size)
@@ -102,20 +111,49 @@ class ModelRunner:
         bs = self.block_size
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
 
+    # ---- compiled decode step ----------------------------------------------------------
+
+    def warmup(self, buckets: list[int] | None = None,
+               budget_s: float | None = None) -> WarmupReport:
+        """Build the compiled decode step; call once at start-up, before serving (and
+        after setting ``max_rows_per_seq``: the largest step is ``max_num_seqs`` times it).
+
+        ``buckets``/``budget_s`` default to the config's. Graphs not built within the
+        budget, and steps no built graph covers, run eagerly. With ``enforce_eager``
+        nothing is built (an empty report).
+        """
+        if self.config.enforce_eager:
+            log.info("enforce_eager: decode steps run eagerly (nothing compiled)")
+            return WarmupReport()
+        wanted = cap_buckets(self.config.decode_buckets if buckets is None else buckets,
+                             self.config.max_num_seqs * self.max_rows_per_seq)
+        graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.scratch_block,
+                              -(-self.max_model_len // self.block_size), self.device)
+        report = graphs.build(wanted, self.config.compile_budget_s if budget_s is None
+                              else budget_s)
+        self.decode_graphs = graphs if graphs.max_rows else None
+        return report
+
+    # ---- one step ----------------------------------------------------------------------
+
     @torch.inference_mode()
     def execute(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
         """Logits ``[rows, vocab]``: one row per decode row, then ``num_logits`` per sampled
         prefill."""
+        if not prefills:
+            if not decodes:
+                return torch.empty(0, self.vocab_size, dtype=self.dtype, device=self.device)
+            if self.decode_graphs is not None:
+                logits = self.decode_graphs.run(decodes)
+                if logits is not None:
+                    return logits
+            return self._execute_decodes(decodes)
         bs = self.block_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        keep: list[int] = []
-        for i, row in enumerate(decodes):
-            token_ids.append(row.token_id)
-            positions.append(row.position)
-            slots.extend(self._slots(row.block_table, row.position, row.position + 1))
-            keep.append(i)
+        token_ids: list[int] = [r.token_id for r in decodes]
+        positions: list[int] = [r.position for r in decodes]
+        slots: list[int] = [r.block_table[r.position // bs] * bs + r.position % bs
+                            for r in decodes]
+        keep: list[int] = list(range(len(decodes)))
         meta_prefills: list[PrefillChunk] = []
         for work in prefills:
             start = len(token_ids)
@@ -134,30 +172,31 @@ class ModelRunner:
             if work.sample:
                 keep.extend(range(start + n - work.num_logits, start + n))
 
-        meta = AttentionMetadata(
-            kv_cache=self.kv_cache,
-            slot_mapping=torch.tensor(slots, device=self.device),
-            num_decode=len(decodes),
-            prefills=meta_prefills,
-        )
+        packed = torch.tensor([token_ids, positions, slots], dtype=torch.long,
+                              device=self.device)
+        meta = AttentionMetadata(kv_cache=self.kv_cache, slot_mapping=packed[2],
+                                 num_decode=len(decodes), prefills=meta_prefills)
         if decodes:
-            max_blocks = max(-(-(r.position + 1) // bs) for r in decodes)
-            tables = torch.zeros(len(decodes), max_blocks, dtype=torch.long)
-            for i, r in enumerate(decodes):
-                blocks = r.block_table[:max_blocks]
-                tables[i, :len(blocks)] = torch.tensor(blocks)
-            ctx = torch.tensor([r.position + 1 for r in decodes])
-            mask = torch.arange(max_blocks * bs)[None, :] < ctx[:, None]
-            meta.decode_block_tables = tables.to(self.device)
-            meta.decode_mask = mask[:, None, None, :].to(self.device)
-
-        input_ids = torch.tensor([token_ids], device=self.device)
-        position_ids = torch.tensor([positions], device=self.device)
+            dec = build_decode_inputs(decodes, bs, self.scratch_block, self.device)
+            meta.decode_block_tables = dec.block_tables
+            meta.decode_mask = dec.mask(bs)
         out = self.model(
-            input_ids=input_ids,
-            position_ids=position_ids,
+            input_ids=packed[0:1],
+            position_ids=packed[1:2],
             use_cache=False,
             logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
             genserve_meta=meta,
+        )
+        return out.logits[0]
+
+    def _execute_decodes(self, decodes: list[DecodeRow]) -> torch.Tensor:
+        """Eager decode-only step: every row is sampled, so no ``logits_to_keep`` gather."""
+        inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
+                                     self.device)
+        out = self.model(
+            input_ids=inputs.input_ids,
+            position_ids=inputs.positions,
+            use_cache=False,
+            genserve_meta=inputs.metadata(self.kv_cache, self.block_size),
         )
         return out.logits[0]

@@ -1,0 +1,287 @@
+"""Decode-only steps through a forward compiled (CPU) or captured (CUDA) at start-up.
+
+A pure-decode step has one query token per row, so its shape is fixed by the row count.
+
+- CPU: ``torch.compile`` of the whole model with attention left out of the graph as the
+  opaque op ``genserve::decode_attention`` (engine/attention.py), split there and compiled
+  piece by piece (engine/piecewise.py: one layer compiled, shared by all). Two graphs:
+  one for a single row (static shapes) and one for 2..``max_rows`` rows (the row count a
+  dynamic dimension, so no padding and no graph per bucket). Attention runs eagerly
+  between the pieces and gathers only as many KV blocks as the step's longest row needs.
+  Inductor's FX graph cache keeps the compiled code under the genserve cache root.
+- CUDA: the eager model captured as one ``torch.cuda.CUDAGraph`` per bucket over static
+  buffers, rows padded up to the bucket (padded rows write to the scratch block),
+  attention in-graph over a table as wide as ``max_model_len`` (no host values in the
+  graph). Untested: the machines this was written on have no GPU.
+
+Steps with prefills, and decode steps with more rows than the largest bucket, run
+eagerly. A compiled step that would recompile at run time (a guard failed) is dropped
+and that step runs eagerly, instead of stalling the server for a compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.attention import OpaqueDecode, StaticDecode, forward_context
+from engine.decode_inputs import DecodeInputs, DecodeRowLike, build_decode_inputs
+from engine.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+_OPAQUE = OpaqueDecode()
+
+
+def cache_root() -> Path:
+    """genserve's on-disk cache: ``$GENSERVE_CACHE_DIR`` or ``~/.cache/genserve``."""
+    env = os.environ.get("GENSERVE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "genserve"
+
+
+def use_inductor_cache_dir() -> Path:
+    """Point inductor's on-disk caches under the genserve cache root, unless
+    ``TORCHINDUCTOR_CACHE_DIR`` is set already (inductor reads it at its first compile)."""
+    return Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                                      str(cache_root() / "inductor")))
+
+
+def cap_buckets(buckets: Sequence[int], max_rows: int) -> list[int]:
+    """The buckets up to ``max_rows``, plus the smallest one above it (so ``max_rows``
+    itself fits when it is not a bucket)."""
+    ordered = sorted({b for b in buckets if b > 0})
+    kept = [b for b in ordered if b <= max_rows]
+    above = [b for b in ordered if b > max_rows]
+    if above and (not kept or kept[-1] < max_rows):
+        kept.append(above[0])
+    return kept
+
+
+@dataclass
+class BuildReport:
+    rows: str  # "1", "2-64" (CPU graphs) or "8" (a CUDA bucket)
+    seconds: float
+    status: str  # "compiled", "captured", "skipped (budget)", "failed: ..."
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("compiled", "captured")
+
+
+@dataclass
+class WarmupReport:
+    graphs: list[BuildReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ready(self) -> list[str]:
+        return [g.rows for g in self.graphs if g.ok]
+
+
+StepFn = Callable[[DecodeInputs], torch.Tensor]
+
+
+def _plain_forward(model: Any, input_ids: torch.Tensor, positions: torch.Tensor
+                   ) -> torch.Tensor:
+    return model(input_ids=input_ids, position_ids=positions, use_cache=False,
+                 genserve_meta=_OPAQUE).logits
+
+
+class DecodeGraphs:
+    """The compiled decode step of one runner (its model and KV cache)."""
+
+    def __init__(self, model: Any, kv_cache: KVCache, block_size: int, scratch_block: int,
+                 max_blocks_per_seq: int, device: torch.device) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.device = device
+        self.num_layers = len(model.get_decoder().layers)
+        self._compiled: Any = None  # CPU: torch.compile'd forward (both graphs)
+        self._single = False  # CPU: the one-row graph is ready
+        self._dynamic_max = 0  # CPU: the 2..max-row graph is ready (0 = not)
+        self._cuda_steps: dict[int, StepFn] = {}  # CUDA: bucket -> replay
+        self._pool: Any = None
+
+    @property
+    def max_rows(self) -> int:
+        """The most decode rows a compiled step takes (0 = none ready)."""
+        if self.device.type == "cuda":
+            return max(self._cuda_steps, default=0)
+        return max(self._dynamic_max, int(self._single))
+
+    def covers(self, rows: int) -> bool:
+        if self.device.type == "cuda":
+            return any(b >= rows for b in self._cuda_steps)
+        return (rows == 1 and self._single) or 2 <= rows <= self._dynamic_max
+
+    # ---- running -------------------------------------------------------------------
+
+    def run(self, decodes: Sequence[DecodeRowLike]) -> torch.Tensor | None:
+        """Logits ``[len(decodes), vocab]``, or None when no compiled step covers this
+        many rows (the caller runs it eagerly)."""
+        n = len(decodes)
+        if self.device.type == "cuda":
+            bucket = min((b for b in self._cuda_steps if b >= n), default=None)
+            if bucket is None:
+                return None
+            inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
+                                         self.device, pad_to=bucket,
+                                         width=self.max_blocks_per_seq)
+            return self._cuda_steps[bucket](inputs)[:n]
+        if not self.covers(n):
+            return None
+        inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
+                                     self.device)
+        try:
+            return self._cpu_step(inputs)
+        except Exception:  # a guard failed (it would recompile mid-serving) or worse
+            log.exception("compiled decode step for %d rows failed; steps of that size "
+                          "run eagerly from now on", n)
+            if n == 1:
+                self._single = False
+            else:
+                self._dynamic_max = 0
+            return None
+
+    def _cpu_step(self, inputs: DecodeInputs) -> torch.Tensor:
+        meta = inputs.metadata(self.kv_cache, self.block_size)
+        with forward_context(meta, self.num_layers), \
+                torch.compiler.set_stance("fail_on_recompile"):
+            return self._compiled(inputs.input_ids, inputs.positions)[0]
+
+    # ---- building ------------------------------------------------------------------
+
+    def build(self, buckets: Sequence[int], budget_s: float) -> WarmupReport:
+        """Build while the budget lasts; a build that would likely overrun it (judged by
+        the previous one's time) is skipped and its steps run eagerly."""
+        report = WarmupReport()
+        start = time.perf_counter()
+        last = 0.0
+        for label, build in self._plan(buckets):
+            left = budget_s - (time.perf_counter() - start)
+            if left <= 0 or last > left:
+                report.graphs.append(BuildReport(label, 0.0, "skipped (budget)"))
+                log.warning("decode graph for %s rows skipped: the %.0fs compile budget is "
+                            "spent; those steps run eagerly", label, budget_s)
+                continue
+            t0 = time.perf_counter()
+            try:
+                status = build()
+            except Exception as exc:  # a model the compiler cannot handle stays eager
+                log.exception("decode graph for %s rows failed to build; those steps run "
+                              "eagerly", label)
+                status = f"failed: {type(exc).__name__}"
+            last = time.perf_counter() - t0
+            report.graphs.append(BuildReport(label, last, status))
+            log.info("decode graph for %s rows: %s in %.1fs", label, status, last)
+        report.seconds = time.perf_counter() - start
+        log.info("compiled decode step (%s): %s rows ready in %.1fs",
+                 "CUDA graphs" if self.device.type == "cuda" else "torch.compile",
+                 ", ".join(report.ready) or "no", report.seconds)
+        return report
+
+    def _plan(self, buckets: Sequence[int]) -> list[tuple[str, Callable[[], str]]]:
+        sizes = sorted({b for b in buckets if b > 0})
+        if self.device.type == "cuda":  # largest first: later graphs reuse its pool memory
+            return [(str(b), partial(self._capture_cuda, b)) for b in reversed(sizes)]
+        plan: list[tuple[str, Callable[[], str]]] = []
+        if 1 in sizes:
+            plan.append(("1", self._compile_single))
+        if sizes and sizes[-1] >= 2:
+            plan.append((f"2-{sizes[-1]}", partial(self._compile_dynamic, sizes[-1])))
+        return plan
+
+    def _compiled_forward(self) -> Any:
+        if self._compiled is None:
+            from engine.piecewise import piecewise_backend
+
+            use_inductor_cache_dir()
+            self._compiled = torch.compile(partial(_plain_forward, self.model),
+                                           fullgraph=True, backend=piecewise_backend)
+        return self._compiled
+
+    def _warm_call(self, rows: int, dynamic_max: int = 0) -> None:
+        """One padding-only step (every row reads and writes the scratch block)."""
+        fn = self._compiled_forward()
+        # One code object serves every graph of every runner: allow an entry for each.
+        with torch._dynamo.config.patch(recompile_limit=1024,
+                                        accumulated_recompile_limit=65536), \
+                torch.inference_mode():  # inputs made the way execute() makes them
+            warm = build_decode_inputs([], self.block_size, self.scratch_block,
+                                       self.device, pad_to=rows, width=1)
+            if dynamic_max:
+                for t in (warm.input_ids, warm.positions):
+                    torch._dynamo.mark_dynamic(t, 1, min=2, max=dynamic_max)
+            with forward_context(warm.metadata(self.kv_cache, self.block_size),
+                                 self.num_layers):
+                fn(warm.input_ids, warm.positions)
+
+    def _verify(self, rows: int) -> None:
+        """A padding-only step of ``rows`` through the ready graphs, refusing to compile."""
+        with torch.inference_mode():
+            warm = build_decode_inputs([], self.block_size, self.scratch_block,
+                                       self.device, pad_to=rows, width=1)
+            self._cpu_step(warm)
+
+    def _compile_single(self) -> str:
+        self._warm_call(1)
+        self._single = True
+        return "compiled"
+
+    def _compile_dynamic(self, max_rows: int) -> str:
+        self._warm_call(2, dynamic_max=max_rows)
+        for rows in sorted({3, max_rows} - {1, 2}):
+            if rows <= max_rows:
+                self._verify(rows)  # raises if this size would need a graph of its own
+        self._dynamic_max = max_rows
+        return "compiled"
+
+    def _capture_cuda(self, rows: int) -> str:
+        """Static buffers + one CUDA graph for ``rows`` (padded) decode rows."""
+        with torch.inference_mode():
+            static = build_decode_inputs([], self.block_size, self.scratch_block,
+                                         self.device, pad_to=rows,
+                                         width=self.max_blocks_per_seq)
+        meta = StaticDecode(self.kv_cache, static.slot_mapping, static.block_tables,
+                            static.seq_lens)
+        model = self.model
+
+        def forward() -> torch.Tensor:
+            return model(input_ids=static.input_ids, position_ids=static.positions,
+                         use_cache=False, genserve_meta=meta).logits
+
+        with torch.inference_mode():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    forward()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = forward()
+
+        def step(inputs: DecodeInputs) -> torch.Tensor:
+            static.input_ids.copy_(inputs.input_ids)
+            static.positions.copy_(inputs.positions)
+            static.slot_mapping.copy_(inputs.slot_mapping)
+            static.seq_lens.copy_(inputs.seq_lens)
+            static.block_tables.copy_(inputs.block_tables)
+            graph.replay()
+            return out[0].clone()  # the next replay overwrites ``out``
+
+        self._cuda_steps[rows] = step
+        return "captured"

@@ -1,0 +1,81 @@
+"""Decode rows as padded tensors: two ``torch.tensor`` calls per step, no per-row tensors.
+
+Shared by the eager runner (no padding) and the compiled decode step (padded up to a
+bucket). Padded rows are token 0 at position 0 writing into the runner's *scratch block*
+(a KV block past the scheduler's ``[0, num_blocks)``), attending to that one slot only, so
+they never touch a real sequence's cache and never make an all-masked (NaN) row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from engine.attention import AttentionMetadata
+from engine.kv_cache import KVCache
+
+
+class DecodeRowLike(Protocol):
+    token_id: int
+    position: int
+    block_table: list[int]
+
+
+@dataclass
+class DecodeInputs:
+    num_rows: int  # real rows; the rest up to ``input_ids.shape[1]`` is padding
+    input_ids: torch.Tensor  # [1, B] long
+    positions: torch.Tensor  # [1, B] long
+    slot_mapping: torch.Tensor  # [B] long
+    seq_lens: torch.Tensor  # [B] long: tokens each row attends to (position + 1)
+    block_tables: torch.Tensor  # [B, W] long, columns past a row's blocks = scratch
+
+    def mask(self, block_size: int) -> torch.Tensor:
+        """``[B, 1, 1, W * block_size]`` bool: which gathered slots each row attends to."""
+        width = self.block_tables.shape[1] * block_size
+        ar = torch.arange(width, device=self.seq_lens.device)
+        return (ar[None, :] < self.seq_lens[:, None])[:, None, None, :]
+
+    def metadata(self, kv_cache: KVCache, block_size: int) -> AttentionMetadata:
+        """The eager attention's view of this step (every row a decode row)."""
+        return AttentionMetadata(
+            kv_cache=kv_cache, slot_mapping=self.slot_mapping,
+            num_decode=self.input_ids.shape[1], decode_block_tables=self.block_tables,
+            decode_mask=self.mask(block_size),
+        )
+
+
+def decode_width(decodes: Sequence[DecodeRowLike], block_size: int) -> int:
+    """Table columns that cover the longest row's context."""
+    return max(r.position // block_size for r in decodes) + 1
+
+
+def build_decode_inputs(decodes: Sequence[DecodeRowLike], block_size: int, scratch_block: int,
+                        device: torch.device, *, pad_to: int | None = None,
+                        width: int | None = None) -> DecodeInputs:
+    """``pad_to`` rows (default: no padding) with ``width`` table columns (default: just
+    enough for the longest row)."""
+    n = len(decodes)
+    rows = pad_to or n
+    if width is None:
+        width = decode_width(decodes, block_size)
+    pad = rows - n
+    tokens = [r.token_id for r in decodes] + [0] * pad
+    positions = [r.position for r in decodes] + [0] * pad
+    slots = [r.block_table[r.position // block_size] * block_size + r.position % block_size
+             for r in decodes] + [scratch_block * block_size] * pad
+    lens = [r.position + 1 for r in decodes] + [1] * pad
+    vectors = torch.tensor([tokens, positions, slots, lens], dtype=torch.long)
+    tables: list[list[int]] = []
+    for r in decodes:
+        t = r.block_table[:width]
+        tables.append(t + [scratch_block] * (width - len(t)) if len(t) < width else t)
+    tables.extend([[scratch_block] * width] * pad)
+    table_t = torch.tensor(tables, dtype=torch.long)
+    if device.type != "cpu":
+        vectors = vectors.to(device, non_blocking=True)
+        table_t = table_t.to(device, non_blocking=True)
+    return DecodeInputs(n, vectors[0:1], vectors[1:2], vectors[2], vectors[3], table_t)
