@@ -148,9 +148,8 @@ def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
     return out.unsqueeze(0)
 
 
-@torch.library.custom_op("genserve::decode_attention", mutates_args=())
-def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     scaling: float) -> torch.Tensor:
+def decode_attention_impl(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          scaling: float) -> torch.Tensor:
     """Eager paged attention of the next layer inside a compiled step (metadata from
     ``forward_context``). The layer index is counted, not passed, so every layer's graph
     is the same and compiles once. Writes the cache as a side effect the compiler does
@@ -160,6 +159,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     layer = ctx.next_layer
     ctx.next_layer += 1
     return _paged_attention(ctx.meta, layer, query, key, value, scaling).contiguous()
+
+
+decode_attention = torch.library.custom_op("genserve::decode_attention", mutates_args=())(
+    decode_attention_impl)
 
 
 @decode_attention.register_fake

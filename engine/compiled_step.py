@@ -155,9 +155,13 @@ class DecodeGraphs:
             return None
 
     def _cpu_step(self, inputs: DecodeInputs) -> torch.Tensor:
+        """Run the ready graph. Dynamo checks only the guards that tell its cache entries
+        apart (the row count, the model): evaluating all of them (every weight's shape,
+        stride, dtype...) cost ~2 ms a step on the default model, and nothing they would
+        catch can change here: the inputs always come from ``build_decode_inputs``."""
         meta = inputs.metadata(self.kv_cache, self.block_size)
         with forward_context(meta, self.num_layers), \
-                torch.compiler.set_stance("fail_on_recompile"):
+                torch.compiler.set_stance("fail_on_recompile", skip_guard_eval_unsafe=True):
             return self._compiled(inputs.input_ids, inputs.positions)[0]
 
     # ---- building ------------------------------------------------------------------
