@@ -98,6 +98,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="tokens per KV block")
     p.add_argument("--dtype", default=e.dtype, help="auto|float32|bfloat16|float16")
     p.add_argument("--device", default=e.device, help="auto|cpu|cuda|cuda:N")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run every step eagerly: no compiled decode step (torch.compile on "
+                        "CPU, CUDA graphs on CUDA) built at start-up")
     p.add_argument("--max-waiting", type=positive_int, default=e.max_waiting,
                    help="waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED")
     p.add_argument("--default-max-new-tokens", type=positive_int,
@@ -269,7 +272,7 @@ def _run_serve(args) -> int:
         model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory, block_size=args.block_size, dtype=args.dtype,
-        device=args.device, max_waiting=args.max_waiting)
+        device=args.device, max_waiting=args.max_waiting, enforce_eager=args.enforce_eager)
     limits = ServiceLimits(
         default_max_new_tokens=args.default_max_new_tokens, max_batch_size=args.max_batch_size,
         max_n=args.max_n, max_top_logprobs=args.max_top_logprobs,
