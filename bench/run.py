@@ -24,7 +24,7 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench import processors, spec, structured
+from bench import compiled, processors, spec, structured
 from engine.attention import ATTN_NAME
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
         engine, [engine.tokenizer(p)["input_ids"] for p in prompts(16)])
     structured_res = structured.measure(engine)
     spec_res = spec.measure(engine, quick=args.quick)
+    compiled_res = compiled.measure(engine)  # last: the figures above stay eager ones
     del engine, model  # free the CPU and memory for the server process
     gc.collect()
     port = free_port()
@@ -256,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
           f"-> {overlap['fraction_hidden']:.0%} of the prepare hidden")
     structured.report(structured_res)
     spec.report(spec_res)
+    compiled.report(compiled_res)
     targets = {
         "batch-1 decode >= 1.0x HF batch 1": g1.tok_s / hf1.tok_s >= 1.0,
         "32 clients >= 1.0x HF static batch 32": g32.tok_s / hf32.tok_s >= 1.0,
@@ -270,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = {"when": stamp, "new_tokens": new, "rows": [asdict(r) for r in rows],
            "processor_overlap": overlap, "structured": structured_res,
-           "speculative": spec_res,
+           "speculative": spec_res, "compiled_decode": compiled_res,
            "targets": targets, "torch_threads": torch.get_num_threads()}
     (RESULTS / "serving.json").write_text(json.dumps(out, indent=2))
     plot(rows, RESULTS / "serving.png")
