@@ -20,6 +20,7 @@ from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
+from tests.conftest import build_tiny_model
 from tests.engine.test_engine import run_to_completion
 
 MAX_ROWS = 8
@@ -281,3 +282,21 @@ def test_engine_greedy_output_is_unchanged_with_preemption_and_speculation(
     assert outs[True, False] == outs[False, False]
     assert outs[True, True] == outs[False, False]
     assert outs[False, True] == outs[False, False]
+
+
+def test_two_models_of_one_architecture_each_run_their_own_weights(
+        tmp_path, tokenizer_dir, compiled):
+    """A draft model shaped like the target: both compiled in one process, each step runs
+    the weights of its own runner (dynamo tells their graphs apart by the model)."""
+    other_dir = build_tiny_model(tmp_path / "other", tokenizer_dir, seed=1)
+    other = ModelRunner(config(other_dir))
+    other.warmup()
+    for runner in (compiled, other):
+        eager = ModelRunner(runner.config, share_weights=runner)
+        fast = ModelRunner(runner.config, share_weights=runner)
+        fast.warmup()
+        seqs = Seqs((fast, eager), seed=6)
+        for n in (5, 33, 12):
+            seqs.add(n)
+        for rows in ([0], [0, 1, 2]):
+            assert_same(seqs.step(rows))
