@@ -48,10 +48,20 @@ def cache_root() -> Path:
 
 
 def use_inductor_cache_dir() -> Path:
-    """Point inductor's on-disk caches under the genserve cache root, unless
-    ``TORCHINDUCTOR_CACHE_DIR`` is set already (inductor reads it at its first compile)."""
-    return Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                                      str(cache_root() / "inductor")))
+    """Keep inductor's compiled code under the genserve cache root, unless the user chose
+    a ``TORCHINDUCTOR_CACHE_DIR``. Torch fills that variable with its own default (under
+    /tmp) the first time anything asks, e.g. when a custom op is registered, so torch's
+    default counts as not chosen; inductor's path caches are cleared after the switch."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / "inductor")
+        if current is not None:
+            from torch._inductor.utils import clear_caches
+
+            clear_caches()
+    return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
 def cap_buckets(buckets: Sequence[int], max_rows: int) -> list[int]:
