@@ -51,6 +51,12 @@ class AsyncEngine:
 
     # ---- lifecycle ------------------------------------------------------------------
 
+    def compile(self) -> None:
+        """Build the compiled decode step (``ModelRunner.warmup``); before ``start()``,
+        since the runner is not shared with a running step loop."""
+        assert self._thread is None, "compile before start()"
+        self.engine.runner.warmup()
+
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.died = asyncio.Event()

@@ -42,6 +42,9 @@ class ServerConfig:
     limits: ServiceLimits = field(default_factory=ServiceLimits)
     engine: EngineConfig = field(default_factory=EngineConfig)
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)  # method None = off
+    # Compile the decode step at start-up, before SERVING (EngineConfig.enforce_eager still
+    # wins); tests turn it off to start servers in seconds.
+    compile_decode_step: bool = True
     processor_plugins: list[str] = field(default_factory=list)  # module:Class, beyond builtins
     structured: StructuredConfig | None = field(default_factory=StructuredConfig)  # None = off
     metrics_port: int | None = None  # Prometheus /metrics over HTTP on host; None = off, 0 = any
@@ -155,6 +158,10 @@ class GenServer:
                 return self.port
             self.engine = engine
         if not self.engine.is_running:
+            if self.config.compile_decode_step:
+                start = time.perf_counter()
+                await asyncio.to_thread(self.engine.compile)
+                log.info("decode step compiled in %.1fs", time.perf_counter() - start)
             self.engine.start()
         self._watch_task = asyncio.create_task(self._watch_engine())
         self.servicer.registry = PluginRegistry(

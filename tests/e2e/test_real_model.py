@@ -90,7 +90,8 @@ def real_server(engine):
     thread.start()
 
     async def boot():
-        server = GenServer(ServerConfig(host="127.0.0.1", port=0), AsyncEngine(engine))
+        server = GenServer(ServerConfig(host="127.0.0.1", port=0, compile_decode_step=False),
+                           AsyncEngine(engine))
         await server.start()
         return server
 

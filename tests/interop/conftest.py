@@ -167,6 +167,8 @@ class ServerProcess:
         self.address = f"{host}:{self.port}"
         self.log = log
         self.metrics_port: int | None = None
+        if serve_supports("--enforce-eager"):  # no compile: the clients are under test
+            args = (*args, "--enforce-eager")
         if serve_supports("--metrics-port"):
             self.metrics_port = free_port(host)
             args = (*args, "--metrics-port", str(self.metrics_port))

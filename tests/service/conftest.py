@@ -58,6 +58,7 @@ def start_server(engine, limits: ServiceLimits | None = None, structured_outputs
     ``structured_outputs``, a StructuredOutputs built once, saves seconds per server.
     """
     loop, thread = new_loop()
+    server_kw.setdefault("compile_decode_step", False)  # seconds per server: not here
     config = ServerConfig(host="127.0.0.1", port=0, limits=limits or ServiceLimits(
         max_batch_size=32, max_n=4), **server_kw)
 

@@ -87,6 +87,9 @@ class FakeEngine:
 
     # ---- lifecycle ------------------------------------------------------------------
 
+    def compile(self) -> None:
+        """Nothing to compile: the fake has no model."""
+
     def start(self) -> None:
         self._wakeup = asyncio.Event()
         self.died = asyncio.Event()  # never set: the fake loop does not crash

@@ -64,7 +64,7 @@ def test_sigterm_drains_a_real_server_process(tiny_model_dir, tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_dir),
              "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-             "--kv-cache-memory", "16MiB", "--drain-grace-seconds", "60"],
+             "--kv-cache-memory", "16MiB", "--drain-grace-seconds", "60", "--enforce-eager"],
             cwd=REPO, env=env, stdout=out, stderr=out)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

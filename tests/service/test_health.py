@@ -120,3 +120,21 @@ def test_health_goes_not_serving_when_the_engine_loop_dies(tiny_model_dir):
             assert health.Check(health_pb2.HealthCheckRequest()).status == NOT_SERVING
     finally:
         stop_server(running, thread)
+
+
+def test_the_server_compiles_the_decode_step_before_serving(tiny_model_dir):
+    from engine.async_engine import AsyncEngine
+    from tests.service.conftest import start_server, stop_server
+
+    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir), max_model_len=256,
+                                                  max_num_seqs=2, decode_buckets=[1, 2]))
+    running, thread = start_server(engine, structured=None, compile_decode_step=True)
+    try:
+        assert engine.engine.runner.decode_graphs is not None  # built before SERVING
+        with grpc.insecure_channel(running.address) as ch:
+            resp = pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(
+                prompt="hi", stopping=pb.StoppingCriteria(max_new_tokens=4, ignore_eos=True)),
+                timeout=60)
+            assert resp.usage.completion_tokens == 4
+    finally:
+        stop_server(running, thread)
