@@ -12,9 +12,11 @@ Compiled decode steps (engine/compiled_step.py) pass one of two markers instead 
 ``AttentionMetadata``:
 
 - ``OpaqueDecode``: attention runs as the custom op ``genserve::decode_attention``, which
-  the compiler treats as a black box (vLLM's piecewise split at attention). Its eager body
-  reads this step's metadata from ``forward_context``, so the graph around it keeps fixed
-  shapes while the gathered context is only as wide as the step's longest row.
+  the compiler treats as a black box and splits the graph at (vLLM's piecewise compile;
+  the compiled step then calls the op's Python body directly). Its eager body reads this
+  step's metadata from ``forward_context``, so the graph around it does not depend on
+  the context length while the gathered context is only as wide as the step's longest
+  row.
 - ``StaticDecode``: attention stays in the graph over a full-width block table, masked by
   sequence length; no host values, so it can be captured as a CUDA graph.
 """

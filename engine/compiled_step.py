@@ -116,7 +116,7 @@ class DecodeGraphs:
         self.scratch_block = scratch_block
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = device
-        self.num_layers = len(model.get_decoder().layers)
+        self.num_layers = kv_cache.spec.num_layers  # attention calls in one forward
         self._compiled: Any = None  # CPU: torch.compile'd forward (both graphs)
         self._single = False  # CPU: the one-row graph is ready
         self._dynamic_max = 0  # CPU: the 2..max-row graph is ready (0 = not)
