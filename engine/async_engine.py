@@ -1,8 +1,13 @@
 """Runs the engine's step loop in its own thread and bridges its outputs to asyncio.
 
 Requests and aborts are posted to an inbox the loop drains between steps (so the engine
-itself stays single-threaded); each request's outputs flow back through its own
-``asyncio.Queue``. Closing or cancelling a ``generate()`` stream aborts the request.
+itself stays single-threaded). Each step's outputs go to the event loop in **one**
+``call_soon_threadsafe`` callback, however many requests it touched: every callback wakes
+the event loop thread, and on a CPU whose cores the forward keeps busy that thread's time
+comes out of the step's (the GIL, and a core taken from torch's threads). A stream
+(``generate()``) gets each step's output through its own ``asyncio.Queue``; a unary request
+(``complete()``) is merged on the engine thread and its caller woken once, when it
+finishes. Closing or cancelling either aborts the request (its KV cache is freed).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
@@ -17,11 +23,16 @@ from typing import Any
 
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.llm_engine import LLMEngine
-from engine.outputs import EngineStats, RequestOutput
+from engine.output_collector import OutputCollector
+from engine.outputs import EngineStats, RequestOutput, Usage
 from engine.sampling_params import SamplingParams
 from engine.speculation import SpeculatorFactory
 
 log = logging.getLogger(__name__)
+
+# Where a request's results go on the event loop: a stream's queue, or a unary call's future.
+Waiter = asyncio.Queue | asyncio.Future
+Ready = list[tuple[str, Any]]  # (request id, output / finished collector / exception)
 
 
 class AsyncEngine:
@@ -32,7 +43,8 @@ class AsyncEngine:
         self.config = engine.config
         self._inbox: deque[tuple[str, Any]] = deque()
         self._wakeup = threading.Event()
-        self._streams: dict[str, asyncio.Queue] = {}
+        self._waiters: dict[str, Waiter] = {}  # event-loop side, by request id
+        self._collectors: dict[str, OutputCollector] = {}  # engine-thread side: unary requests
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -76,15 +88,16 @@ class AsyncEngine:
 
     # ---- requests -------------------------------------------------------------------
 
-    async def generate(self, request_id: str | None, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; the last one has ``finished=True``."""
+    def _admit(self, request_id: str | None, prompt_token_ids: list[int],
+               params: SamplingParams) -> tuple[str, int]:
+        """Checks shared by both entry points; returns the request id and its max new
+        tokens, and counts the request as pending until the engine thread takes it."""
         if self._dead is not None:
             raise EngineDeadError(f"engine stopped: {self._dead}")
         if self._loop is None:
             raise EngineDeadError("engine not started")
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self._streams:
+        if request_id in self._waiters:
             raise ValueError(f"request_id {request_id!r} is already in use")
         max_new = self.engine.check_request(prompt_token_ids, params)
         with self._lock:
@@ -92,9 +105,15 @@ class AsyncEngine:
                 raise QueueFullError(
                     f"waiting queue is full ({self.config.max_waiting} requests)")
             self._pending_adds += 1
+        return request_id, max_new
+
+    async def generate(self, request_id: str | None, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; the last one has ``finished=True``."""
+        request_id, max_new = self._admit(request_id, prompt_token_ids, params)
         queue: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = queue
-        self._post(("add", (request_id, list(prompt_token_ids), params, max_new)))
+        self._waiters[request_id] = queue
+        self._post(("add", (request_id, list(prompt_token_ids), params, max_new, None)))
         finished = False
         try:
             while True:
@@ -107,8 +126,31 @@ class AsyncEngine:
                 if finished:
                     return
         finally:
-            self._streams.pop(request_id, None)
+            self._waiters.pop(request_id, None)
             if not finished:
+                self._post(("abort", request_id))
+
+    async def complete(self, request_id: str | None, prompt_token_ids: list[int],
+                       params: SamplingParams,
+                       collector: OutputCollector | None = None) -> OutputCollector:
+        """Run a request to its end and return its whole output, waking the caller once.
+
+        ``collector``: one made by the caller, who can then read its ``usage`` even when
+        the call is cancelled (the engine thread fills it as steps come out).
+        """
+        request_id, max_new = self._admit(request_id, prompt_token_ids, params)
+        if collector is None:
+            collector = OutputCollector(request_id, params.n,
+                                        Usage(prompt_tokens=len(prompt_token_ids)))
+        assert self._loop is not None
+        done: asyncio.Future = self._loop.create_future()
+        self._waiters[request_id] = done
+        self._post(("add", (request_id, list(prompt_token_ids), params, max_new, collector)))
+        try:
+            return await done
+        finally:
+            self._waiters.pop(request_id, None)
+            if not done.done() or done.cancelled():  # the caller gave up: free its KV now
                 self._post(("abort", request_id))
 
     def abort(self, request_id: str) -> None:
@@ -123,53 +165,78 @@ class AsyncEngine:
         self._inbox.append(item)
         self._wakeup.set()
 
-    def _deliver(self, request_id: str, item: Any) -> None:
-        queue = self._streams.get(request_id)
-        if queue is not None:
-            queue.put_nowait(item)
+    def _deliver(self, ready: Ready) -> None:
+        """On the event loop: one call per engine step, for every request it touched."""
+        for request_id, item in ready:
+            waiter = self._waiters.get(request_id)
+            if waiter is None:  # the caller is gone (cancelled, closed)
+                continue
+            if isinstance(waiter, asyncio.Queue):
+                waiter.put_nowait(item)
+            elif not waiter.done():
+                if isinstance(item, BaseException):
+                    waiter.set_exception(item)
+                else:
+                    waiter.set_result(item)
 
-    def _send(self, request_id: str, item: Any) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._deliver, request_id, item)
-
-    def _drain_inbox(self) -> None:
+    def _drain_inbox(self, ready: Ready) -> None:
         while self._inbox:
             kind, arg = self._inbox.popleft()
             if kind == "abort":
                 self.engine.abort(arg)
+                self._collectors.pop(arg, None)
                 continue
-            request_id, prompt, params, max_new = arg
-            if request_id in self._streams:  # else cancelled before it reached the engine
+            request_id, prompt, params, max_new, collector = arg
+            if request_id in self._waiters:  # else cancelled before it reached the engine
                 try:
                     self.engine.add_request(request_id, prompt, params, max_new)
+                    if collector is not None:
+                        self._collectors[request_id] = collector
                 except (ValueError, QueueFullError) as e:
-                    self._send(request_id, e)
+                    ready.append((request_id, e))
             with self._lock:
                 self._pending_adds -= 1
                 self._waiting_snapshot = self.engine.num_waiting_requests()
 
+    def _route(self, outputs: list[RequestOutput], ready: Ready) -> None:
+        """A stream gets every output; a unary request's are merged here and handed over
+        once, finished."""
+        now = time.perf_counter()
+        collectors = self._collectors
+        for out in outputs:
+            collector = collectors.get(out.request_id)
+            if collector is None:
+                ready.append((out.request_id, out))
+                continue
+            collector.add(out, now)
+            if out.finished:
+                del collectors[out.request_id]
+                ready.append((out.request_id, collector))
+
     def _run(self) -> None:
+        assert self._loop is not None
+        loop = self._loop
         try:
             while not self._stopping:
-                self._drain_inbox()
-                if not self.engine.has_work:
+                ready: Ready = []
+                self._drain_inbox(ready)
+                if self.engine.has_work:
+                    self._route(self.engine.step(), ready)
+                    with self._lock:
+                        self._waiting_snapshot = self.engine.num_waiting_requests()
+                if ready:
+                    loop.call_soon_threadsafe(self._deliver, ready)
+                elif not self.engine.has_work:
                     self._wakeup.wait(timeout=0.5)
                     self._wakeup.clear()
-                    continue
-                for out in self.engine.step():
-                    self._send(out.request_id, out)
-                with self._lock:
-                    self._waiting_snapshot = self.engine.num_waiting_requests()
-        except BaseException as e:  # a bug in the engine: fail every stream loudly
+        except BaseException as e:  # a bug in the engine: fail every caller loudly
             log.exception("engine loop crashed")
             self._dead = e
             err = EngineDeadError(f"engine loop crashed: {type(e).__name__}: {e}")
-            assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._fail_all, err)
+            loop.call_soon_threadsafe(self._fail_all, err)
 
     def _fail_all(self, err: EngineDeadError) -> None:
-        """On the event loop, so no stream registers unseen: every waiting caller fails."""
-        for queue in self._streams.values():
-            queue.put_nowait(err)
+        """On the event loop, so no caller registers unseen: every waiting caller fails."""
+        self._deliver([(request_id, err) for request_id in list(self._waiters)])
         assert self.died is not None
         self.died.set()

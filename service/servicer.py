@@ -14,6 +14,7 @@ import grpc
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineDeadError, QueueFullError, RequestError
+from engine.output_collector import OutputCollector
 from engine.outputs import (
     Completion,
     CompletionDelta,
@@ -96,6 +97,25 @@ class ServerState:
 
     draining: bool = False
     in_flight: int = 0
+
+
+@dataclass
+class TokenClock:
+    """TTFT and per-token metrics of one sequence group from when its steps' tokens came:
+    arrival -> first token, then each later step's ``tokens`` share its interval."""
+
+    metrics: Metrics
+    arrival: float
+    last: float | None = None  # when the previous token(s) came
+
+    def tick(self, now: float, tokens: int) -> None:
+        if self.last is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            per_token = (now - self.last) / tokens
+            for _ in range(tokens):
+                self.metrics.tpot.observe(per_token)
+        self.last = now
 
 
 def _logprobs_pb(items: list[TokenLogprob]) -> list[pb.TokenLogprob]:
@@ -221,14 +241,19 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         parsed.params.logits_processors.append(factory)
 
     async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
+        """A unary request: merged on the engine thread, this coroutine woken once."""
         await self._attach_grammar(parsed)
-        completions = [Completion(i) for i in range(parsed.params.n)]
-        usage = Usage(prompt_tokens=len(parsed.prompt_token_ids))
-        async with aclosing(self._stream(parsed, call)) as stream:
-            async for out in stream:
-                for d in out.deltas:
-                    completions[d.index].add(d)
-                usage = out.usage
+        key = parsed.engine_request_id
+        collector = OutputCollector(key, parsed.params.n,
+                                    Usage(prompt_tokens=len(parsed.prompt_token_ids)))
+        try:
+            await self._live.complete(key, parsed.prompt_token_ids, parsed.params, collector)
+        finally:  # cancelled too: count the tokens made before the abort
+            call.usage[key] = collector.usage
+        clock = TokenClock(self.metrics, call.arrival)
+        for when, tokens in collector.token_times:
+            clock.tick(when, tokens)
+        completions = collector.completions()
         errors = [c.error for c in completions if c.finish_reason is FinishReason.ERROR]
         if errors:
             raise RequestFailed(grpc.StatusCode.INTERNAL, errors[0] or "generation failed")
@@ -236,7 +261,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             request_id=parsed.request_id,
             completions=[_completion_pb(c, parsed.output.return_token_ids)
                          for c in completions],
-            usage=_usage_pb(usage),
+            usage=_usage_pb(collector.usage),
             prompt_token_ids=(parsed.prompt_token_ids
                               if parsed.output.return_prompt_token_ids else []),
         )
@@ -247,7 +272,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         ``call``; closing it (aclosing) aborts the request at once."""
         key = parsed.engine_request_id
         call.usage[key] = Usage(prompt_tokens=len(parsed.prompt_token_ids))
-        last: float | None = None  # when the previous token(s) arrived
+        clock = TokenClock(self.metrics, call.arrival)
         engine_stream = cast(AsyncGenerator[RequestOutput, None], self._live.generate(
             key, parsed.prompt_token_ids, parsed.params))
         async with aclosing(engine_stream) as stream:
@@ -255,14 +280,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 call.usage[key] = out.usage
                 step = max((len(d.token_ids) for d in out.deltas), default=0)
                 if step:
-                    now = time.perf_counter()
-                    if last is None:
-                        self.metrics.ttft.observe(now - call.arrival)
-                        step -= 1
-                    else:
-                        for _ in range(step):  # tokens a sequence got since the last output
-                            self.metrics.tpot.observe((now - last) / step)
-                    last = now
+                    clock.tick(time.perf_counter(), step)
                 yield out
 
     # ---- RPCs -----------------------------------------------------------------------
@@ -322,11 +340,17 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     @staticmethod
     def _delta_pb(parsed: ParsedRequest, d: CompletionDelta) -> pb.GenerateStreamResponse:
-        return pb.GenerateStreamResponse(
-            request_id=parsed.request_id, index=d.index, text=d.text, token_ids=d.token_ids,
-            finish_reason=FINISH[d.finish_reason],
-            stop_sequence=d.stop_sequence or "", logprobs=_logprobs_pb(d.logprobs),
-            error=d.error or "")
+        """One message per delta, per token: only the fields a plain token sets (half the
+        cost of naming every field); the rest only when there is something in them."""
+        msg = pb.GenerateStreamResponse(request_id=parsed.request_id, index=d.index,
+                                        text=d.text, token_ids=d.token_ids)
+        if d.logprobs:
+            msg.logprobs.extend(_logprobs_pb(d.logprobs))
+        if d.finish_reason is not None:
+            msg.finish_reason = FINISH[d.finish_reason]
+            msg.stop_sequence = d.stop_sequence or ""
+            msg.error = d.error or ""
+        return msg
 
     async def Tokenize(self, request, context):
         async with self._call("Tokenize", context, generation=False):

@@ -84,3 +84,132 @@ def test_an_engine_loop_crash_fails_every_waiting_caller_and_sets_died(tiny_mode
 
     results = asyncio.run(main())
     assert all(isinstance(r, EngineDeadError) and "boom" in str(r) for r in results), results
+
+
+def _recording(ae: AsyncEngine) -> list[list]:
+    """Every ``_deliver`` call (one per engine step that had results) and what it carried."""
+    calls: list[list] = []
+    deliver = ae._deliver
+
+    def recorded(ready):
+        calls.append([item for _, item in ready])
+        deliver(ready)
+
+    ae._deliver = recorded  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_unary_request_wakes_its_caller_once_with_the_whole_output(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
+    params = SamplingParams(max_new_tokens=12, min_new_tokens=12, n=2)
+
+    async def main():
+        ae = AsyncEngine(engine)
+        calls = _recording(ae)
+        ae.start()
+        stream = [o async for o in ae.generate("s", [5, 6, 7], params)]
+        before = len(calls)
+        whole = await ae.complete("u", [5, 6, 7], params)
+        await ae.shutdown()
+        return stream, whole, calls[before:]
+
+    stream, whole, calls = asyncio.run(main())
+    assert calls == [[whole]]  # twelve steps, one hand-over
+    assert whole.finished and whole.usage.completion_tokens == 24
+    # the same greedy text as the stream, and one timestamp per step that made tokens
+    for c in whole.completions():
+        deltas = [d for o in stream for d in o.deltas if d.index == c.index]
+        assert c.token_ids == [t for d in deltas for t in d.token_ids]
+        assert c.text == "".join(d.text for d in deltas)
+        assert c.finish_reason is deltas[-1].finish_reason is not None
+    assert [n for _, n in whole.token_times] == [1] * 12
+    times = [t for t, _ in whole.token_times]
+    assert times == sorted(times)
+
+
+def test_each_step_reaches_the_event_loop_in_one_callback(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), max_num_seqs=8))
+    steps = 0
+    step = engine.step
+
+    def counted():
+        nonlocal steps
+        out = step()
+        steps += bool(out)
+        return out
+
+    engine.step = counted  # type: ignore[method-assign]
+
+    async def main():
+        ae = AsyncEngine(engine)
+        calls = _recording(ae)
+        ae.start()
+
+        async def one(i: int) -> int:
+            return sum([len(d.token_ids) async for o in ae.generate(
+                f"r{i}", [5, 6, 7 + i], SamplingParams(max_new_tokens=8, min_new_tokens=8))
+                for d in o.deltas])
+
+        counts = await asyncio.gather(*(one(i) for i in range(6)))
+        await ae.shutdown()
+        return counts, calls
+
+    counts, calls = asyncio.run(main())
+    assert counts == [8] * 6
+    assert len(calls) == steps  # not one per request per step
+    assert max(len(c) for c in calls) == 6
+
+
+def test_a_cancelled_unary_request_is_aborted_and_frees_its_blocks(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
+    from engine.output_collector import OutputCollector
+    from engine.outputs import Usage
+
+    async def main():
+        ae = AsyncEngine(engine)
+        ae.start()
+        collector = OutputCollector("u", 1, Usage(prompt_tokens=3))
+        task = asyncio.create_task(ae.complete(
+            "u", [5, 6, 7], SamplingParams(max_new_tokens=400, min_new_tokens=400), collector))
+        while collector.usage.completion_tokens < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(500):
+            if not engine.has_work:
+                break
+            await asyncio.sleep(0.01)
+        await ae.shutdown()
+        return collector
+
+    collector = asyncio.run(main())
+    assert 3 <= collector.usage.completion_tokens < 400  # partial usage stays readable
+    assert not collector.finished
+    assert engine.scheduler.allocator.num_used == 0 and not engine.requests
+
+
+def test_an_engine_crash_fails_unary_callers_too(tiny_model_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
+    step = engine.step
+    calls = 0
+
+    def crashing():
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("boom")
+        return step()
+
+    engine.step = crashing  # type: ignore[method-assign]
+
+    async def main():
+        ae = AsyncEngine(engine)
+        ae.start()
+        results = await asyncio.gather(*(ae.complete(f"r{i}", [5, 6], SamplingParams(
+            max_new_tokens=50, min_new_tokens=50)) for i in range(3)), return_exceptions=True)
+        await ae.shutdown()
+        return results
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, EngineDeadError) and "boom" in str(r) for r in results), results

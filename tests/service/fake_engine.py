@@ -25,6 +25,7 @@ import torch
 
 from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError, RequestError
 from engine.logits_process import is_factory
+from engine.output_collector import OutputCollector, collect
 from engine.outputs import (
     CompletionDelta,
     EngineStats,
@@ -136,6 +137,15 @@ class FakeEngine:
         finally:
             if not finished:
                 self._remove(req)
+
+    async def complete(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams,
+                       collector: OutputCollector | None = None) -> OutputCollector:
+        """The whole output at once, merged from ``generate`` (AsyncEngine.complete)."""
+        if collector is None:
+            collector = OutputCollector(request_id, params.n,
+                                        Usage(prompt_tokens=len(prompt_token_ids)))
+        return await collect(self.generate(request_id, prompt_token_ids, params), collector)
 
     def abort(self, request_id: str) -> None:
         req = self._requests.get(request_id)
