@@ -1,6 +1,7 @@
-"""The compiled decode step against the eager one: ms per decode step through the whole
-engine step (scheduling, forward, sampling), eager and compiled runs alternating in one
-process so a busy machine slows both alike, plus the start-up compile time.
+"""Decode-step variants on CPU: plain eager (``F.linear``), the compiled step, and eager
+with oneDNN-packed linear weights (the default on CPU). ms per decode step through the whole
+engine step (scheduling, forward, sampling), the variants alternating in one process so a
+busy machine slows them alike, plus the start-up compile time.
 
 ``python -m bench.compiled [--model PATH] [--batches 1,8,32]``
 """
@@ -13,6 +14,7 @@ import statistics
 from bench.processors import decode_steps
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.packed_linear import can_pack, pack_linears, unpack_linears
 from engine.sampling_params import SamplingParams
 
 PROMPT = "The history of the Roman Empire is"
@@ -20,32 +22,36 @@ PROMPT = "The history of the Roman Empire is"
 
 def measure(engine: LLMEngine, batches: tuple[int, ...] = (1, 8, 32), new: int = 16,
             reps: int = 4) -> dict:
-    """Builds the compiled step if it is not built yet (that time is reported), measures,
-    and leaves the runner as it found it."""
+    """Builds the compiled step on the unpacked model (that time is reported), measures,
+    and leaves the runner packed (where packing applies) with no graphs."""
     runner = engine.runner
-    before = runner.decode_graphs
-    warmup = None
-    if before is None:
-        report = runner.warmup()
-        warmup = {"seconds": report.seconds,
-                  "graphs": [(g.rows, round(g.seconds, 1), g.status) for g in report.graphs]}
+    unpack_linears(runner.model)
+    report = runner.warmup()
+    warmup = {"seconds": report.seconds,
+              "graphs": [(g.rows, round(g.seconds, 1), g.status) for g in report.graphs]}
     graphs = runner.decode_graphs
+    modes = ["eager", "compiled"] + (["packed"] if can_pack(runner.device, runner.dtype)
+                                     else [])
     ids = engine.tokenizer(PROMPT)["input_ids"]
     params = SamplingParams(max_new_tokens=new, min_new_tokens=new)
     rows = []
     for batch in batches:
-        ms: dict[str, list[float]] = {"eager": [], "compiled": []}
+        ms: dict[str, list[float]] = {m: [] for m in modes}
         for rep in range(reps + 1):
-            order = ["eager", "compiled"] if rep % 2 else ["compiled", "eager"]
-            for mode in order:
+            for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
+                if mode == "packed":
+                    pack_linears(runner.model)
+                else:
+                    unpack_linears(runner.model)
                 runner.decode_graphs = graphs if mode == "compiled" else None
                 steps, _ = decode_steps(engine, [ids] * batch, [params] * batch)
-                if rep:  # the first round warms both
+                if rep:  # the first round warms them all
                     ms[mode].append(statistics.median(steps) * 1000)
-        eager, compiled = statistics.median(ms["eager"]), statistics.median(ms["compiled"])
-        rows.append({"batch": batch, "eager_ms": eager, "compiled_ms": compiled,
-                     "speedup": eager / compiled})
-    runner.decode_graphs = before
+        row = {"batch": batch} | {f"{m}_ms": statistics.median(ms[m]) for m in modes}
+        rows.append(row)
+    runner.decode_graphs = None
+    if "packed" in modes:
+        pack_linears(runner.model)
     return {"warmup": warmup, "ready": graphs is not None, "rows": rows}
 
 
@@ -58,8 +64,12 @@ def report(res: dict) -> None:
         print("compiled decode step: nothing compiled (enforce_eager or a failed build)")
         return
     for r in res["rows"]:
-        print(f"  decode step, batch {r['batch']:3d}: eager {r['eager_ms']:6.1f} ms, "
-              f"compiled {r['compiled_ms']:6.1f} ms -> {r['speedup']:.2f}x")
+        line = (f"  decode step, batch {r['batch']:3d}: eager {r['eager_ms']:6.1f} ms, "
+                f"compiled {r['compiled_ms']:6.1f} ms ({r['eager_ms'] / r['compiled_ms']:.2f}x)")
+        if "packed_ms" in r:
+            line += (f", packed eager {r['packed_ms']:6.1f} ms "
+                     f"({r['eager_ms'] / r['packed_ms']:.2f}x)")
+        print(line)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,9 +25,9 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import compiled, processors, spec, structured
-from engine.attention import ATTN_NAME
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.packed_linear import stock_transformers
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
@@ -215,11 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     seq_n = 2 if args.quick else 4
 
     engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=64))
-    model = engine.runner.model
-    model.set_attn_implementation("sdpa")
-    hf1 = hf_sequential(engine, seq_n, new)
-    hf32 = hf_static(engine, 32, new)
-    model.set_attn_implementation(ATTN_NAME)
+    with stock_transformers(engine.runner.model):
+        hf1 = hf_sequential(engine, seq_n, new)
+        hf32 = hf_static(engine, 32, new)
     rows = [hf1, hf32]
 
     engine_offline(engine, 4, 8)  # warm-up
@@ -230,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     structured_res = structured.measure(engine)
     spec_res = spec.measure(engine, quick=args.quick)
     compiled_res = compiled.measure(engine)  # last: the figures above stay eager ones
-    del engine, model  # free the CPU and memory for the server process
+    del engine  # free the CPU and memory for the server process
     gc.collect()
     port = free_port()
     server = start_server_process(args.model, port)

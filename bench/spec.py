@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from bench.structured import chat_ids
-from engine.attention import ATTN_NAME
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.packed_linear import stock_transformers
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
@@ -94,18 +94,14 @@ def _hf_one(model, ids: list[int], new: int, lookup: int | None) -> tuple[int, f
 
 def hf(engine: LLMEngine, prompts: list[list[int]], new: int, reps: int) -> dict:
     """HF generate plain vs with prompt lookup, interleaved prompt by prompt."""
-    model = engine.runner.model
-    model.set_attn_implementation("sdpa")
     totals = {"plain": [0, 0.0], "lookup10": [0, 0.0]}
-    try:
+    with stock_transformers(engine.runner.model) as model:
         for _ in range(reps):
             for ids in prompts:
                 for name, lookup in (("plain", None), ("lookup10", 10)):
                     n, s = _hf_one(model, ids, new, lookup)
                     totals[name][0] += n
                     totals[name][1] += s
-    finally:
-        model.set_attn_implementation(ATTN_NAME)
     return {f"copy_{k}": n / s for k, (n, s) in totals.items()}
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine.async_engine import AsyncEngine
-from engine.attention import ATTN_NAME
 from engine.llm_engine import LLMEngine
+from engine.packed_linear import stock_transformers
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
@@ -40,23 +40,18 @@ def prompt_ids(engine):
 
 @pytest.fixture(scope="module")
 def hf_reference(engine, prompt_ids):
-    """HF's own generate on the same weights with its stock SDPA attention."""
-    model = engine.runner.model
+    """HF's own generate on the same weights with its stock SDPA attention and linears."""
     eos = engine.info.eos_token_ids
     refs = []
-    model.set_attn_implementation("sdpa")
-    try:
-        with torch.inference_mode():
-            for ids in prompt_ids:
-                out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW,
-                                     do_sample=False)[0, len(ids):].tolist()
-                for i, t in enumerate(out):  # HF pads after EOS; we stop at it
-                    if t in eos:
-                        out = out[:i + 1]
-                        break
-                refs.append(out)
-    finally:
-        model.set_attn_implementation(ATTN_NAME)
+    with stock_transformers(engine.runner.model) as model, torch.inference_mode():
+        for ids in prompt_ids:
+            out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW,
+                                 do_sample=False)[0, len(ids):].tolist()
+            for i, t in enumerate(out):  # HF pads after EOS; we stop at it
+                if t in eos:
+                    out = out[:i + 1]
+                    break
+            refs.append(out)
     return refs
 
 

@@ -32,6 +32,7 @@ def config(model_dir, **kw) -> EngineConfig:
     kw.setdefault("max_num_seqs", MAX_ROWS)
     kw.setdefault("block_size", BLOCK)
     kw.setdefault("kv_cache_memory", 2 << 20)
+    kw.setdefault("pack_weights", False)  # a packed model is never compiled
     return EngineConfig(model=str(model_dir), decode_buckets=[1, MAX_ROWS], **kw)
 
 
