@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
+from engine.compiled_step import WarmupReport
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.llm_engine import LLMEngine
 from engine.output_collector import OutputCollector
@@ -63,11 +64,12 @@ class AsyncEngine:
 
     # ---- lifecycle ------------------------------------------------------------------
 
-    def compile(self) -> None:
-        """Build the compiled decode step (``ModelRunner.warmup``); before ``start()``,
-        since the runner is not shared with a running step loop."""
-        assert self._thread is None, "compile before start()"
-        self.engine.runner.warmup()
+    def compile(self) -> WarmupReport:
+        """Build the compiled decode step (``ModelRunner.warmup``). Safe while the step
+        loop runs: the graphs are built on padding rows in the scratch block, and the
+        runner switches to them in one assignment once every graph is ready, so steps run
+        eagerly until then (a server turns SERVING first and compiles in the background)."""
+        return self.engine.runner.warmup()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -81,6 +83,11 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+
+    @property
+    def device_type(self) -> str:
+        """"cpu" or "cuda": where the model runs."""
+        return self.engine.runner.device.type
 
     @property
     def is_running(self) -> bool:

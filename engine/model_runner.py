@@ -19,7 +19,7 @@ from engine.model_loader import (
     resolve_dtype,
     resolve_model,
 )
-from engine.packed_linear import can_pack, is_packed, pack_linears
+from engine.packed_linear import can_pack, pack_linears
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +127,6 @@ class ModelRunner:
         """
         if self.config.enforce_eager:
             log.info("enforce_eager: decode steps run eagerly (nothing compiled)")
-            return WarmupReport()
-        if is_packed(self.model):
-            log.info("linear weights packed for oneDNN: decode steps run eagerly (faster than "
-                     "the compiled step on CPU, and nothing to compile)")
             return WarmupReport()
         wanted = cap_buckets(self.config.decode_buckets if buckets is None else buckets,
                              self.config.max_num_seqs * self.max_rows_per_seq)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from torch import nn
@@ -39,8 +40,28 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
-def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None,
-                    x: torch.Tensor) -> torch.Tensor:
+# Packed layers by key. The compiled decode step (engine/compiled_step.py) cannot trace an
+# opaque oneDNN tensor, so under torch.compile a layer calls the custom op below with its
+# key: one black-box call per layer in the graph, the compiled code around it.
+_LAYERS: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+_next_key = 0
+
+
+@torch.library.custom_op("genserve::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, key: int) -> torch.Tensor:
+    packed, bias = _LAYERS[key]
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, key: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], _LAYERS[key][0].size(0)))
+
+
+def _packed_forward(key: int, x: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return torch.ops.genserve.packed_linear(x, key)
+    packed, bias = _LAYERS[key]
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -52,9 +73,14 @@ def pack_linears(model: nn.Module) -> int:
         for mod in model.modules():
             if not isinstance(mod, nn.Linear) or hasattr(mod, "_genserve_packed"):
                 continue
+            global _next_key
+            key, _next_key = _next_key, _next_key + 1
             packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), ROWS_HINT)
-            mod._genserve_packed = packed
-            mod.forward = functools.partial(_packed_forward, packed, mod.bias)
+            _LAYERS[key] = (packed, mod.bias)
+            # Plain instance attributes (not parameters): nn.Module.__call__ finds the
+            # instance's forward first.
+            mod.__dict__["_genserve_packed"] = key
+            mod.__dict__["forward"] = functools.partial(_packed_forward, key)
             if mod.weight.data_ptr() not in shared:
                 placeholder = torch.empty(1, dtype=mod.weight.dtype).expand(mod.weight.shape)
                 mod.weight = nn.Parameter(placeholder, requires_grad=False)
@@ -67,11 +93,12 @@ def unpack_linears(model: nn.Module) -> None:
     """Undo ``pack_linears``: plain ``nn.Linear`` layers with their exact weights."""
     with torch.no_grad():
         for mod in model.modules():
-            packed = mod.__dict__.pop("_genserve_packed", None)
-            if packed is None:
+            key = mod.__dict__.pop("_genserve_packed", None)
+            if key is None:
                 continue
+            packed, _ = _LAYERS.pop(key)
             del mod.forward
-            if mod.weight.stride() == (0, 0):
+            if isinstance(mod, nn.Linear) and mod.weight.stride() == (0, 0):
                 mod.weight = nn.Parameter(packed.to_dense(), requires_grad=False)
 
 
@@ -94,10 +121,11 @@ def stock_transformers(model: nn.Module) -> Iterator[nn.Module]:
     ``F.linear``), for references and baselines that must measure transformers itself."""
     packed = is_packed(model)
     unpack_linears(model)
-    model.set_attn_implementation("sdpa")
+    set_attn = cast(Callable[[str], None], model.set_attn_implementation)
+    set_attn("sdpa")
     try:
         yield model
     finally:
-        model.set_attn_implementation(ATTN_NAME)
+        set_attn(ATTN_NAME)
         if packed:
             pack_linears(model)

@@ -100,7 +100,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=e.device, help="auto|cpu|cuda|cuda:N")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly: no compiled decode step (torch.compile on "
-                        "CPU, CUDA graphs on CUDA) built at start-up")
+                        "CPU, built in the background while serving; CUDA graphs on CUDA, "
+                        "captured before SERVING)")
     p.add_argument("--max-waiting", type=positive_int, default=e.max_waiting,
                    help="waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED")
     p.add_argument("--default-max-new-tokens", type=positive_int,

@@ -301,3 +301,17 @@ def test_two_models_of_one_architecture_each_run_their_own_weights(
             seqs.add(n)
         for rows in ([0], [0, 1, 2]):
             assert_same(seqs.step(rows))
+
+
+def test_packed_linears_compile_and_match_the_eager_packed_step(tiny_model_dir):
+    """The default on CPU: oneDNN-packed linears, called as the opaque custom op inside
+    the compiled graph."""
+    cfg = config(tiny_model_dir, pack_weights=True)
+    fast = ModelRunner(cfg)
+    assert fast.warmup().ready == ["1", f"2-{MAX_ROWS}"]
+    slow = ModelRunner(cfg, share_weights=fast)  # the same packed layers, eager
+    seqs = Seqs((fast, slow), seed=3)
+    for n in (5, 17, 33):
+        seqs.add(n)
+    for which in ([0], [0, 1, 2], [1, 2], [2]):
+        assert_same(seqs.step(which))

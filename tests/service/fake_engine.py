@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.compiled_step import WarmupReport
 from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError, RequestError
 from engine.logits_process import is_factory
 from engine.output_collector import OutputCollector, collect
@@ -88,8 +89,11 @@ class FakeEngine:
 
     # ---- lifecycle ------------------------------------------------------------------
 
-    def compile(self) -> None:
+    device_type = "cpu"
+
+    def compile(self) -> WarmupReport:
         """Nothing to compile: the fake has no model."""
+        return WarmupReport()
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()

@@ -122,19 +122,27 @@ def test_health_goes_not_serving_when_the_engine_loop_dies(tiny_model_dir):
         stop_server(running, thread)
 
 
-def test_the_server_compiles_the_decode_step_before_serving(tiny_model_dir):
+def test_the_server_serves_at_once_and_compiles_the_decode_step_in_the_background(
+        tiny_model_dir):
     from engine.async_engine import AsyncEngine
     from tests.service.conftest import start_server, stop_server
 
     engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir), max_model_len=256,
                                                   max_num_seqs=2, decode_buckets=[1, 2]))
     running, thread = start_server(engine, structured=None, compile_decode_step=True)
+    request = pb.GenerateRequest(prompt="hi", output=pb.OutputOptions(return_token_ids=True),
+                                 stopping=pb.StoppingCriteria(max_new_tokens=8, ignore_eos=True))
     try:
-        assert engine.engine.runner.decode_graphs is not None  # built before SERVING
+        compile_thread = running.server.compile_thread
+        assert compile_thread is not None
         with grpc.insecure_channel(running.address) as ch:
-            resp = pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(
-                prompt="hi", stopping=pb.StoppingCriteria(max_new_tokens=4, ignore_eos=True)),
-                timeout=60)
-            assert resp.usage.completion_tokens == 4
+            stub = pb_grpc.GenerationServiceStub(ch)
+            during = stub.Generate(request, timeout=120)  # served while compiling
+            compile_thread.join(300)
+            assert not compile_thread.is_alive()
+            assert engine.engine.runner.decode_graphs is not None  # swapped in when ready
+            after = stub.Generate(request, timeout=60)
+        assert during.usage.completion_tokens == 8
+        assert list(after.completions[0].token_ids) == list(during.completions[0].token_ids)
     finally:
         stop_server(running, thread)
