@@ -1,7 +1,8 @@
-"""Decode-step variants on CPU: plain eager (``F.linear``), the compiled step, and eager
-with oneDNN-packed linear weights (the default on CPU). ms per decode step through the whole
-engine step (scheduling, forward, sampling), the variants alternating in one process so a
-busy machine slows them alike, plus the start-up compile time.
+"""Decode-step variants: plain eager (``F.linear``) against what genserve runs on CPU,
+oneDNN-packed linear weights, compiled (the default) and eager (``--enforce-eager``).
+ms per decode step through the whole engine step (scheduling, forward, sampling), the
+variants alternating in one process so a busy machine slows them alike, plus the start-up
+compile time.
 
 ``python -m bench.compiled [--model PATH] [--batches 1,8,32]``
 """
@@ -22,16 +23,18 @@ PROMPT = "The history of the Roman Empire is"
 
 def measure(engine: LLMEngine, batches: tuple[int, ...] = (1, 8, 32), new: int = 16,
             reps: int = 4) -> dict:
-    """Builds the compiled step on the unpacked model (that time is reported), measures,
-    and leaves the runner packed (where packing applies) with no graphs."""
+    """Builds the compiled step if the runner has none yet (that time is reported), and
+    compares plain eager steps (``F.linear``) with what genserve runs: packed linears,
+    eager and compiled. Leaves the runner packed, with its graphs."""
     runner = engine.runner
-    unpack_linears(runner.model)
-    report = runner.warmup()
-    warmup = {"seconds": report.seconds,
-              "graphs": [(g.rows, round(g.seconds, 1), g.status) for g in report.graphs]}
+    warmup = None
+    if runner.decode_graphs is None:
+        report = runner.warmup()
+        warmup = {"seconds": report.seconds,
+                  "graphs": [(g.rows, round(g.seconds, 1), g.status) for g in report.graphs]}
     graphs = runner.decode_graphs
-    modes = ["eager", "compiled"] + (["packed"] if can_pack(runner.device, runner.dtype)
-                                     else [])
+    packs = can_pack(runner.device, runner.dtype)
+    modes = ["eager", "compiled"] + (["packed eager"] if packs else [])
     ids = engine.tokenizer(PROMPT)["input_ids"]
     params = SamplingParams(max_new_tokens=new, min_new_tokens=new)
     rows = []
@@ -39,20 +42,19 @@ def measure(engine: LLMEngine, batches: tuple[int, ...] = (1, 8, 32), new: int =
         ms: dict[str, list[float]] = {m: [] for m in modes}
         for rep in range(reps + 1):
             for mode in modes[rep % len(modes):] + modes[:rep % len(modes)]:
-                if mode == "packed":
-                    pack_linears(runner.model)
-                else:
+                if mode == "eager" and packs:
                     unpack_linears(runner.model)
+                elif packs:
+                    pack_linears(runner.model)
                 runner.decode_graphs = graphs if mode == "compiled" else None
                 steps, _ = decode_steps(engine, [ids] * batch, [params] * batch)
                 if rep:  # the first round warms them all
                     ms[mode].append(statistics.median(steps) * 1000)
-        row = {"batch": batch} | {f"{m}_ms": statistics.median(ms[m]) for m in modes}
-        rows.append(row)
-    runner.decode_graphs = None
-    if "packed" in modes:
+        rows.append({"batch": batch} | {f"{m}_ms": statistics.median(ms[m]) for m in modes})
+    if packs:
         pack_linears(runner.model)
-    return {"warmup": warmup, "ready": graphs is not None, "rows": rows}
+    runner.decode_graphs = graphs
+    return {"warmup": warmup, "ready": graphs is not None, "packed": packs, "rows": rows}
 
 
 def report(res: dict) -> None:
@@ -63,12 +65,13 @@ def report(res: dict) -> None:
     if not res["ready"]:
         print("compiled decode step: nothing compiled (enforce_eager or a failed build)")
         return
+    what = "packed + compiled" if res.get("packed") else "compiled"
     for r in res["rows"]:
-        line = (f"  decode step, batch {r['batch']:3d}: eager {r['eager_ms']:6.1f} ms, "
-                f"compiled {r['compiled_ms']:6.1f} ms ({r['eager_ms'] / r['compiled_ms']:.2f}x)")
-        if "packed_ms" in r:
-            line += (f", packed eager {r['packed_ms']:6.1f} ms "
-                     f"({r['eager_ms'] / r['packed_ms']:.2f}x)")
+        line = (f"  decode step, batch {r['batch']:3d}: plain eager {r['eager_ms']:6.1f} ms, "
+                f"{what} {r['compiled_ms']:6.1f} ms ({r['eager_ms'] / r['compiled_ms']:.2f}x)")
+        if "packed eager_ms" in r:
+            line += (f", packed eager {r['packed eager_ms']:6.1f} ms "
+                     f"({r['eager_ms'] / r['packed eager_ms']:.2f}x)")
         print(line)
 
 

@@ -73,8 +73,13 @@ def pack_linears(model: nn.Module) -> int:
         for mod in model.modules():
             if not isinstance(mod, nn.Linear) or hasattr(mod, "_genserve_packed"):
                 continue
-            global _next_key
-            key, _next_key = _next_key, _next_key + 1
+            # A layer keeps its key when packed again, so compiled graphs (which call the
+            # op with it) stay valid across unpack/pack (the benchmark's baselines).
+            key = mod.__dict__.get("_genserve_key")
+            if key is None:
+                global _next_key
+                key, _next_key = _next_key, _next_key + 1
+                mod.__dict__["_genserve_key"] = key
             packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), ROWS_HINT)
             _LAYERS[key] = (packed, mod.bias)
             # Plain instance attributes (not parameters): nn.Module.__call__ finds the
