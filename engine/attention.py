@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,7 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] long
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size]
+    decode_groups: Any = None  # engine.decode_inputs.DecodeGroups: rows sharing a table
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -118,6 +120,22 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return o.squeeze(2)
 
 
+def _grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    groups: Any, scaling: float | None) -> torch.Tensor:
+    """Like ``_decode``, but each group of rows (a sequence's speculative rows) is one
+    multi-query attention over its context, gathered once."""
+    n_groups, size = groups.rows.shape
+    n_kv, d = k_cache.shape[2], k_cache.shape[3]
+    flat = groups.tables.flatten()
+    ks = k_cache.index_select(0, flat).view(n_groups, -1, n_kv, d).transpose(1, 2)
+    vs = v_cache.index_select(0, flat).view(n_groups, -1, n_kv, d).transpose(1, 2)
+    qg = q.index_select(0, groups.rows.flatten()).view(n_groups, size, *q.shape[1:])
+    o = F.scaled_dot_product_attention(qg.transpose(1, 2), ks, vs, attn_mask=groups.mask,
+                                       scale=scaling, enable_gqa=True)  # [G, H, R, D]
+    return o.transpose(1, 2).reshape(n_groups * size, *q.shape[1:]).index_select(
+        0, groups.row_slot)
+
+
 def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
                      key: torch.Tensor, value: torch.Tensor,
                      scaling: float | None) -> torch.Tensor:
@@ -129,8 +147,11 @@ def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
     if nd:
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         q = query[0, :, :nd].transpose(0, 1)  # [nd, H, D]
-        outs.append(_decode(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_mask,
-                            scaling))
+        if meta.decode_groups is not None:
+            outs.append(_grouped_decode(q, k_cache, v_cache, meta.decode_groups, scaling))
+        else:
+            outs.append(_decode(q, k_cache, v_cache, meta.decode_block_tables,
+                                meta.decode_mask, scaling))
     for chunk in meta.prefills:
         qc = query[:, :, chunk.start:chunk.start + chunk.length]
         if chunk.mask is None:

@@ -183,6 +183,7 @@ class ModelRunner:
             dec = build_decode_inputs(decodes, bs, self.scratch_block, self.device)
             meta.decode_block_tables = dec.block_tables
             meta.decode_mask = dec.mask(bs)
+            meta.decode_groups = dec.groups
         out = self.model(
             input_ids=packed[0:1],
             position_ids=packed[1:2],
