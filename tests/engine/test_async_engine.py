@@ -48,8 +48,9 @@ def test_queue_accounting_runs_only_on_the_engine_thread(tiny_model_dir):
     assert engine.scheduler.allocator.num_used == 0
 
 
-def test_an_engine_loop_crash_fails_every_waiting_caller_and_sets_died(tiny_model_dir):
-    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
+def crashing_engine(model_dir) -> LLMEngine:
+    """An engine whose third step raises, as a bug in the step loop would."""
+    engine = LLMEngine(EngineConfig(model=str(model_dir)))
     step = engine.step
     calls = 0
 
@@ -61,6 +62,11 @@ def test_an_engine_loop_crash_fails_every_waiting_caller_and_sets_died(tiny_mode
         return step()
 
     engine.step = crashing  # type: ignore[method-assign]
+    return engine
+
+
+def test_an_engine_loop_crash_fails_every_waiting_caller_and_sets_died(tiny_model_dir):
+    engine = crashing_engine(tiny_model_dir)
 
     async def main() -> list:
         ae = AsyncEngine(engine)
@@ -190,18 +196,7 @@ def test_a_cancelled_unary_request_is_aborted_and_frees_its_blocks(tiny_model_di
 
 
 def test_an_engine_crash_fails_unary_callers_too(tiny_model_dir):
-    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
-    step = engine.step
-    calls = 0
-
-    def crashing():
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            raise RuntimeError("boom")
-        return step()
-
-    engine.step = crashing  # type: ignore[method-assign]
+    engine = crashing_engine(tiny_model_dir)
 
     async def main():
         ae = AsyncEngine(engine)
