@@ -24,6 +24,7 @@ Compiled decode steps (engine/compiled_step.py) pass one of two markers instead 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,22 +79,29 @@ class _ForwardContext:
     next_layer: int = 0  # opaque attention calls come in layer order
 
 
-_forward: _ForwardContext | None = None
+class _Current(threading.local):
+    """Per thread: a server compiles in a background thread while the step loop runs, and
+    a second engine in the process (tests) may compile at the same time."""
+
+    forward: _ForwardContext | None = None
+
+
+_current = _Current()
 
 
 @contextlib.contextmanager
 def forward_context(meta: AttentionMetadata, num_layers: int | None = None) -> Iterator[None]:
     """Hand ``meta`` to the opaque attention op for the duration of one forward; with
     ``num_layers``, check that every layer's attention ran exactly once."""
-    global _forward
-    prev, _forward = _forward, _ForwardContext(meta)
+    prev = _current.forward
+    ctx = _current.forward = _ForwardContext(meta)
     try:
         yield
-        if num_layers is not None and _forward.next_layer != num_layers:
-            raise RuntimeError(f"compiled step ran {_forward.next_layer} attention layers, "
+        if num_layers is not None and ctx.next_layer != num_layers:
+            raise RuntimeError(f"compiled step ran {ctx.next_layer} attention layers, "
                                f"expected {num_layers}")
     finally:
-        _forward = prev
+        _current.forward = prev
 
 
 def _write_cache(kv_cache: KVCache, layer: int, slot_mapping: torch.Tensor,
@@ -177,7 +185,7 @@ def decode_attention_impl(query: torch.Tensor, key: torch.Tensor, value: torch.T
     ``forward_context``). The layer index is counted, not passed, so every layer's graph
     is the same and compiles once. Writes the cache as a side effect the compiler does
     not see: declaring the cache as mutated would make the compiler copy it."""
-    ctx = _forward
+    ctx = _current.forward
     assert ctx is not None, "decode_attention outside forward_context"
     layer = ctx.next_layer
     ctx.next_layer += 1

@@ -176,14 +176,10 @@ class GenServer:
             PluginContext(self.engine.tokenizer, self.engine.info.vocab_size),
             self.config.processor_plugins)
         log.info("processor plugins: %s", ", ".join(sorted(self.servicer.registry.plugins)))
-        if self.config.structured is not None and self.servicer.structured is None:
-            info = self.engine.info
-            self.servicer.structured = await asyncio.to_thread(
-                StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
-                self.config.structured)
+        # The grammar backends' vocabulary tables build while the warm-up generation runs.
+        await asyncio.gather(self._build_structured(), self.warm_up())
         if self.servicer.structured is not None:
             self.servicer.structured.observers.append(self.metrics)
-        await self.warm_up()
         if self.state.draining:
             return self.port
         self.servicer.engine = self.engine
@@ -220,6 +216,15 @@ class GenServer:
         await self.engine.died.wait()
         log.error("engine loop died: health NOT_SERVING; restart the server")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def _build_structured(self) -> None:
+        if self.config.structured is None or self.servicer.structured is not None:
+            return
+        assert self.engine is not None
+        info = self.engine.info
+        self.servicer.structured = await asyncio.to_thread(
+            StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
+            self.config.structured)
 
     async def warm_up(self) -> None:
         assert self.engine is not None

@@ -359,7 +359,8 @@ def test_health_is_not_serving_until_warm_up_ran(make_engine):
     engine = make_engine()
 
     async def make():  # grpc.aio objects belong to the loop they are created on
-        return SlowWarmUp(ServerConfig(host="127.0.0.1", port=0, structured=None), engine)
+        return SlowWarmUp(ServerConfig(host="127.0.0.1", port=0, structured=None,
+                                       compile_decode_step=False), engine)
 
     server = asyncio.run_coroutine_threadsafe(make(), loop).result(10)
     started = asyncio.run_coroutine_threadsafe(server.start(), loop)
