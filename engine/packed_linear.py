@@ -47,10 +47,12 @@ _LAYERS: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
 _next_key = 0
 
 
-@torch.library.custom_op("genserve::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, key: int) -> torch.Tensor:
+def _linear(x: torch.Tensor, key: int) -> torch.Tensor:
     packed, bias = _LAYERS[key]
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+packed_linear = torch.library.custom_op("genserve::packed_linear", mutates_args=())(_linear)
 
 
 @packed_linear.register_fake
@@ -61,8 +63,7 @@ def _(x: torch.Tensor, key: int) -> torch.Tensor:
 def _packed_forward(key: int, x: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return torch.ops.genserve.packed_linear(x, key)
-    packed, bias = _LAYERS[key]
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return _linear(x, key)
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -71,7 +72,7 @@ def pack_linears(model: nn.Module) -> int:
     count = 0
     with torch.no_grad():
         for mod in model.modules():
-            if not isinstance(mod, nn.Linear) or hasattr(mod, "_genserve_packed"):
+            if not isinstance(mod, nn.Linear) or mod.__dict__.get("_genserve_key") in _LAYERS:
                 continue
             # A layer keeps its key when packed again, so compiled graphs (which call the
             # op with it) stay valid across unpack/pack (the benchmark's baselines).
@@ -82,9 +83,7 @@ def pack_linears(model: nn.Module) -> int:
                 mod.__dict__["_genserve_key"] = key
             packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), ROWS_HINT)
             _LAYERS[key] = (packed, mod.bias)
-            # Plain instance attributes (not parameters): nn.Module.__call__ finds the
-            # instance's forward first.
-            mod.__dict__["_genserve_packed"] = key
+            # A plain instance attribute: nn.Module.__call__ finds it before the class's.
             mod.__dict__["forward"] = functools.partial(_packed_forward, key)
             if mod.weight.data_ptr() not in shared:
                 placeholder = torch.empty(1, dtype=mod.weight.dtype).expand(mod.weight.shape)
@@ -98,8 +97,8 @@ def unpack_linears(model: nn.Module) -> None:
     """Undo ``pack_linears``: plain ``nn.Linear`` layers with their exact weights."""
     with torch.no_grad():
         for mod in model.modules():
-            key = mod.__dict__.pop("_genserve_packed", None)
-            if key is None:
+            key = mod.__dict__.get("_genserve_key")
+            if key not in _LAYERS:
                 continue
             packed, _ = _LAYERS.pop(key)
             del mod.forward
@@ -108,7 +107,7 @@ def unpack_linears(model: nn.Module) -> None:
 
 
 def is_packed(model: nn.Module) -> bool:
-    return any("_genserve_packed" in m.__dict__ for m in model.modules())
+    return any(m.__dict__.get("_genserve_key") in _LAYERS for m in model.modules())
 
 
 def _shared_weights(model: nn.Module) -> set[int]:
