@@ -27,13 +27,16 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
 from engine.kv_cache import KVCache
+
+if TYPE_CHECKING:  # decode_inputs imports this module
+    from engine.decode_inputs import DecodeGroups
 
 ATTN_NAME = "genserve_paged"
 
@@ -54,7 +57,7 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] long
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size]
-    decode_groups: Any = None  # engine.decode_inputs.DecodeGroups: rows sharing a table
+    decode_groups: DecodeGroups | None = None  # rows sharing a block table
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -129,7 +132,7 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    groups: Any, scaling: float | None) -> torch.Tensor:
+                    groups: DecodeGroups, scaling: float | None) -> torch.Tensor:
     """Like ``_decode``, but each group of rows (a sequence's speculative rows) is one
     multi-query attention over its context, gathered once."""
     n_groups, size = groups.rows.shape
