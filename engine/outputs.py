@@ -21,6 +21,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    rank: int = 0  # 1-based rank of token_id in its row (1 = the most likely)
 
 
 @dataclass
@@ -55,6 +56,9 @@ class RequestOutput:
     deltas: list[CompletionDelta]
     finished: bool
     usage: Usage
+    # With ``SamplingParams.prompt_logprobs``: prompt tokens 1.. under the positions before
+    # them (token 0 has none), once, on the first output after the whole prompt is computed.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

@@ -306,26 +306,41 @@ class Sampler:
         if not meta.need_logprobs:
             return SamplerOutput(tokens.cpu(), None, None, None)
         k = min(meta.max_top_logprobs, raw.shape[1])
-        ids, chosen, top_ids, top_lps = _logprob_table(raw, tokens, k)
+        ids, chosen, _, top_ids, top_lps = _logprob_table(raw, tokens, k)
         return SamplerOutput(ids, chosen, top_ids if k else None, top_lps if k else None)
 
 
 def _logprob_table(raw: torch.Tensor, tokens: torch.Tensor, k: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tokens, their logprobs and the top-``k`` of each row, on the CPU in one copy (one
-    sync): ids and float32 logprobs are exact in float64."""
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor]:
+    """Tokens, their logprobs and 1-based ranks, and the top-``k`` of each row, on the CPU
+    in one copy (one sync): ids, ranks and float32 logprobs are exact in float64."""
     logp = raw.float().log_softmax(-1)
     top = logp.topk(k, dim=-1)
     tokens = tokens.to(logp.device)
-    parts = (tokens[:, None], logp.gather(1, tokens[:, None]), top.indices, top.values)
+    chosen = logp.gather(1, tokens[:, None])
+    rank = (logp > chosen).sum(-1, keepdim=True) + 1
+    parts = (tokens[:, None], chosen, rank, top.indices, top.values)
     host = torch.cat([p.double() for p in parts], dim=1).cpu()
-    ids, chosen, top_ids, top_lps = host.split([1, 1, k, k], dim=1)
-    return ids[:, 0].long(), chosen[:, 0].float(), top_ids.long(), top_lps.float()
+    ids, chosen, ranks, top_ids, top_lps = host.split([1, 1, 1, k, k], dim=1)
+    return (ids[:, 0].long(), chosen[:, 0].float(), ranks[:, 0].long(), top_ids.long(),
+            top_lps.float())
 
 
-def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int
-                   ) -> tuple[list[float], list[list[int]], list[list[float]]]:
-    """Logprob of ``tokens[i]`` under row ``i`` of ``raw`` and the row's top ``k``."""
+@dataclass
+class LogprobTable:
+    """Per row: the chosen token's logprob and rank, and the row's top ``k`` (Python lists,
+    ready to be split into ``TokenLogprob``s)."""
+
+    chosen: list[float]
+    ranks: list[int]
+    top_ids: list[list[int]]
+    top_lps: list[list[float]]
+
+
+def token_logprobs(raw: torch.Tensor, tokens: torch.Tensor, k: int) -> LogprobTable:
+    """Logprob and rank of ``tokens[i]`` under row ``i`` of ``raw`` and the row's top
+    ``k``."""
     k = min(k, raw.shape[1])
-    _, chosen, top_ids, top_lps = _logprob_table(raw, tokens, k)
-    return chosen.tolist(), top_ids.tolist(), top_lps.tolist()
+    _, chosen, ranks, top_ids, top_lps = _logprob_table(raw, tokens, k)
+    return LogprobTable(chosen.tolist(), ranks.tolist(), top_ids.tolist(), top_lps.tolist())

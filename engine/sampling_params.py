@@ -60,6 +60,9 @@ class SamplingParams:
 
     logprobs: bool = False
     top_logprobs: int = 0
+    # None = no prompt logprobs; k >= 0 = each prompt token's logprob and rank, with the
+    # top k of its position (costs a logits row per prompt token: asked for, not default)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     speculative: bool | None = None  # None = the server's default (when it speculates)
 
@@ -114,6 +117,9 @@ class SamplingParams:
                 raise ParamError("time_limit_ms", "must be > 0")
         if not isinstance(self.top_logprobs, int) or self.top_logprobs < 0:
             raise ParamError("top_logprobs", f"must be >= 0, got {self.top_logprobs!r}")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int)
+                                                 or self.prompt_logprobs < 0):
+            raise ParamError("prompt_logprobs", f"must be >= 0, got {self.prompt_logprobs!r}")
         for i, p in enumerate(self.logits_processors):
             if not callable(p) and not isinstance(p, LogitsProcessorFactory):
                 raise ParamError("logits_processors", f"[{i}] must be a callable processor or "

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.logits_process import BoundProcessor
-from engine.outputs import CompletionDelta, FinishReason, Usage
+from engine.outputs import CompletionDelta, FinishReason, TokenLogprob, Usage
 from engine.sampling_params import SamplingParams
 from engine.stop_checker import OutputState
 
@@ -79,6 +79,15 @@ class Request:
     deadline: float | None = None  # monotonic time of the time limit
     sequences: list[Sequence] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    # With params.prompt_logprobs: filled by the first sequence's prefill, position by
+    # position (a recomputed prefix is not recorded twice); sent once when complete.
+    prompt_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs_sent: bool = False
+
+    @property
+    def prompt_logprobs_ready(self) -> bool:
+        return (self.prompt_logprobs is not None and not self.prompt_logprobs_sent
+                and len(self.prompt_logprobs) >= len(self.prompt_token_ids) - 1)
 
     @property
     def is_finished(self) -> bool:

@@ -107,6 +107,18 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-max-new-tokens", type=positive_int,
                    default=limits.default_max_new_tokens,
                    help="max_new_tokens when a request leaves it unset")
+    p.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
+                   help="the most new tokens a request may ask for (both APIs; a TGIS "
+                        "request's max_new_tokens 0 means this)")
+    p.add_argument("--disable-prompt-logprobs", action="store_true",
+                   help="refuse prompt logprobs (native output.prompt_logprobs); TGIS "
+                        "input_tokens then carry text only")
+    p.add_argument("--fmaas", action=argparse.BooleanOptionalAction, default=True,
+                   help="also serve the TGIS API (fmaas.GenerationService) on the same port")
+    p.add_argument("--default-include-stop-seqs", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="TGIS API: include the matched stop sequence in the output text when "
+                        "a request leaves include_stop_sequence unset")
     p.add_argument("--max-batch-size", type=positive_int, default=limits.max_batch_size,
                    help="most items in one GenerateBatch call")
     p.add_argument("--max-n", type=positive_int, default=limits.max_n,
@@ -266,6 +278,7 @@ def _generate_parser(sub) -> None:
 
 def _run_serve(args) -> int:
     from service.server import ServerConfig, serve
+    from service.tgis_params import TgisOptions
     from service.validation import ServiceLimits
     from structured.manager import StructuredConfig
 
@@ -274,11 +287,13 @@ def _run_serve(args) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory, block_size=args.block_size, dtype=args.dtype,
         device=args.device, max_waiting=args.max_waiting, enforce_eager=args.enforce_eager)
-    limits = ServiceLimits(
-        default_max_new_tokens=args.default_max_new_tokens, max_batch_size=args.max_batch_size,
-        max_n=args.max_n, max_top_logprobs=args.max_top_logprobs,
-        max_stop_sequences=args.max_stop_sequences)
     try:
+        limits = ServiceLimits(
+            default_max_new_tokens=min(args.default_max_new_tokens, args.max_new_tokens),
+            max_new_tokens=args.max_new_tokens,
+            prompt_logprobs=not args.disable_prompt_logprobs,
+            max_batch_size=args.max_batch_size, max_n=args.max_n,
+            max_top_logprobs=args.max_top_logprobs, max_stop_sequences=args.max_stop_sequences)
         config = ServerConfig(
             host=args.host, port=args.port, drain_grace_s=args.drain_grace_seconds,
             limits=limits, engine=engine, speculative=_spec_config(args),
@@ -289,7 +304,8 @@ def _run_serve(args) -> int:
                 cache_size=args.structured_cache_size,
                 max_consecutive_whitespace=args.structured_max_whitespace),
             metrics_port=args.metrics_port or None, tls_cert=args.tls_cert,
-            tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
+            tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, fmaas=args.fmaas,
+            tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs))
     except ValueError as e:
         print(f"genserve serve: error: {e}", file=sys.stderr)
         return 2

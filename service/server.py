@@ -19,11 +19,15 @@ from grpc_reflection.v1alpha import reflection
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
+from fmaas import generation_pb2_grpc as tgis_grpc
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.metrics import Metrics
 from service.processor_plugins import PluginContext, PluginRegistry
 from service.servicer import GenerationServicer, ServerState
+from service.tgis_params import TgisOptions
+from service.tgis_servicer import SERVICE_NAME as FMAAS_SERVICE_NAME
+from service.tgis_servicer import FmaasServicer
 from service.validation import ServiceLimits
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
@@ -53,6 +57,8 @@ class ServerConfig:
     tls_cert: str | None = None  # PEM server certificate chain; with tls_key: TLS
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_client_ca: str | None = None  # PEM CA bundle: require and verify client certs (mTLS)
+    fmaas: bool = True  # also serve the TGIS API (fmaas.GenerationService) on the same port
+    tgis: TgisOptions = field(default_factory=TgisOptions)
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -103,9 +109,14 @@ class GenServer:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ])
         pb_grpc.add_GenerationServiceServicer_to_server(self.servicer, self.server)
+        self.services = [SERVICE_NAME]  # health names them; reflection lists them
+        if config.fmaas:
+            tgis_grpc.add_GenerationServiceServicer_to_server(
+                FmaasServicer(self.servicer, config.tgis), self.server)
+            self.services.append(FMAAS_SERVICE_NAME)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            (*self.services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.server)
         self.port = 0
         self._stopped = asyncio.Event()
@@ -120,7 +131,7 @@ class GenServer:
         return engine.stats() if engine is not None else None
 
     async def _set_health(self, status) -> None:
-        for name in ("", SERVICE_NAME):
+        for name in ("", *self.services):
             await self.health.set(name, status)
 
     async def start(self) -> int:

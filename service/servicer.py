@@ -45,6 +45,12 @@ FINISH: dict[FinishReason | None, pb.FinishReason] = {
 }
 
 
+# RPC names as metrics and logs label them (the TGIS API's under "fmaas/")
+GENERATION_RPCS = frozenset({"Generate", "GenerateBatch", "GenerateStream", "fmaas/Generate",
+                             "fmaas/GenerateStream"})
+BATCH_RPCS = frozenset({"GenerateBatch", "fmaas/Generate"})
+
+
 class RequestFailed(Exception):
     """A request that cannot be answered normally, with the gRPC status to answer."""
 
@@ -80,6 +86,7 @@ class Call:
     """One RPC being answered: what its metrics and its finished-request log line need."""
 
     rpc: str
+    correlation_id: str = ""  # x-correlation-id metadata: the request id in logs
     arrival: float = field(default_factory=time.perf_counter)
     code: grpc.StatusCode = grpc.StatusCode.OK
     request_ids: list[str] = field(default_factory=list)
@@ -118,10 +125,28 @@ class TokenClock:
         self.last = now
 
 
-def _logprobs_pb(items: list[TokenLogprob]) -> list[pb.TokenLogprob]:
-    return [pb.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
-                            top=[pb.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
-            for lp in items]
+class TokenTexts:
+    """Vocabulary pieces of token ids (what logprobs name tokens by), one tokenizer call
+    per batch of ids."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, ids: list[int]) -> list[str]:
+        return [t or "" for t in self.tokenizer.convert_ids_to_tokens(ids)] if ids else []
+
+
+def _logprobs_pb(items: list[TokenLogprob], texts: TokenTexts) -> list[pb.TokenLogprob]:
+    if not items:
+        return []
+    top_texts = iter(texts([t for lp in items for t, _ in lp.top]))
+    out = []
+    for lp, text in zip(items, texts([lp.token_id for lp in items]), strict=True):
+        out.append(pb.TokenLogprob(
+            token_id=lp.token_id, logprob=lp.logprob, text=text, rank=lp.rank,
+            top=[pb.TopLogprob(token_id=t, logprob=v, text=next(top_texts))
+                 for t, v in lp.top]))
+    return out
 
 
 def _usage_pb(u: Usage) -> pb.Usage:
@@ -130,12 +155,20 @@ def _usage_pb(u: Usage) -> pb.Usage:
                     spec_accepted_tokens=u.spec_accepted_tokens)
 
 
-def _completion_pb(c: Completion, want_ids: bool) -> pb.Completion:
+def _completion_pb(c: Completion, want_ids: bool, texts: TokenTexts) -> pb.Completion:
     return pb.Completion(
         index=c.index, text=c.text, token_ids=c.token_ids if want_ids else [],
         finish_reason=FINISH[c.finish_reason],
-        stop_sequence=c.stop_sequence or "", logprobs=_logprobs_pb(c.logprobs),
+        stop_sequence=c.stop_sequence or "", logprobs=_logprobs_pb(c.logprobs, texts),
         error=c.error or "")
+
+
+def correlation_id(context) -> str:
+    """The caller's ``x-correlation-id`` metadata (TGIS clients send one), or ''."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-correlation-id" and isinstance(value, str):
+            return value
+    return ""
 
 
 class GenerationServicer(pb_grpc.GenerationServiceServicer):
@@ -156,14 +189,22 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         assert self.engine is not None
         return self.engine
 
+    @property
+    def texts(self) -> TokenTexts:
+        return TokenTexts(self._live.tokenizer)
+
     def _parse(self, req: pb.GenerateRequest, call: Call) -> ParsedRequest:
-        if req.request_id:  # named in the log line even when the request is invalid
-            request_id_var.set(req.request_id)
+        if req.request_id or call.correlation_id:  # in the log even for an invalid request
+            request_id_var.set(req.request_id or call.correlation_id)
         parsed = parse_request(req, self._live.tokenizer, self._live.info, self.limits,
-                               self.registry)
-        request_id_var.set(parsed.request_id)
-        call.request_ids.append(parsed.request_id)
+                               self.registry, call.correlation_id)
+        self.started(parsed.request_id, call)
         return parsed
+
+    @staticmethod
+    def started(request_id: str, call: Call) -> None:
+        request_id_var.set(request_id)
+        call.request_ids.append(request_id)
 
     def _check_open(self) -> None:
         if self.state.draining:
@@ -179,8 +220,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         call is CANCELLED, or DEADLINE_EXCEEDED when the client's deadline passed.
         ``generation`` calls count as in flight (the drain waits for them).
         """
-        call = Call(rpc)
-        token = request_id_var.set(None)
+        call = Call(rpc, correlation_id=correlation_id(context))
+        token = request_id_var.set(call.correlation_id or None)
         counted = False
         try:
             self._check_open()
@@ -219,9 +260,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             m.batch_items.labels(code.name).inc()
         extra: dict = {"rpc": call.rpc, "code": call.code.name,
                        "duration_ms": round(duration * 1000, 3)}
-        if call.rpc in ("Generate", "GenerateBatch", "GenerateStream"):
+        if call.rpc in GENERATION_RPCS:
             extra.update(prompt_tokens=prompt, completion_tokens=completion)
-        if call.rpc == "GenerateBatch":
+        if call.rpc in BATCH_RPCS:
             extra.update(items=len(call.item_codes), request_ids=call.request_ids)
         elif call.request_ids:
             extra["request_id"] = call.request_ids[0]
@@ -240,7 +281,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         factory = await self.structured.factory(parsed.structured)
         parsed.params.logits_processors.append(factory)
 
-    async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
+    async def complete(self, parsed: ParsedRequest, call: Call) -> OutputCollector:
         """A unary request: merged on the engine thread, this coroutine woken once."""
         await self._attach_grammar(parsed)
         key = parsed.engine_request_id
@@ -253,20 +294,27 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         clock = TokenClock(self.metrics, call.arrival)
         for when, tokens in collector.token_times:
             clock.tick(when, tokens)
+        return collector
+
+    async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
+        collector = await self.complete(parsed, call)
         completions = collector.completions()
         errors = [c.error for c in completions if c.finish_reason is FinishReason.ERROR]
         if errors:
             raise RequestFailed(grpc.StatusCode.INTERNAL, errors[0] or "generation failed")
+        texts = self.texts
         return pb.GenerateResponse(
             request_id=parsed.request_id,
-            completions=[_completion_pb(c, parsed.output.return_token_ids)
+            completions=[_completion_pb(c, parsed.output.return_token_ids, texts)
                          for c in completions],
             usage=_usage_pb(collector.usage),
             prompt_token_ids=(parsed.prompt_token_ids
                               if parsed.output.return_prompt_token_ids else []),
+            prompt_logprobs=_logprobs_pb(collector.prompt_logprobs or [], texts),
+            seed=parsed.seed,
         )
 
-    async def _stream(self, parsed: ParsedRequest,
+    async def stream(self, parsed: ParsedRequest,
                       call: Call) -> AsyncGenerator[RequestOutput, None]:
         """The engine's output stream, timed (TTFT, per-token) and its usage kept in
         ``call``; closing it (aclosing) aborts the request at once."""
@@ -322,9 +370,20 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             parsed = self._parse(request.request, call)
             await self._attach_grammar(parsed)
             error: str | None = None
-            async with aclosing(self._stream(parsed, call)) as stream:
+            texts = self.texts
+            first = True
+            async with aclosing(self.stream(parsed, call)) as stream:
                 async for out in stream:
-                    msgs = [self._delta_pb(parsed, d) for d in out.deltas]
+                    msgs = [self._delta_pb(parsed, d, texts) for d in out.deltas]
+                    if first and (parsed.seed is not None or out.prompt_logprobs):
+                        if not msgs:
+                            msgs.append(pb.GenerateStreamResponse(
+                                request_id=parsed.request_id))
+                        if parsed.seed is not None:
+                            msgs[0].seed = parsed.seed
+                        msgs[0].prompt_logprobs.extend(
+                            _logprobs_pb(out.prompt_logprobs or [], texts))
+                    first = False
                     for d in out.deltas:
                         if d.finish_reason is FinishReason.ERROR:
                             error = error or d.error
@@ -339,13 +398,14 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 raise RequestFailed(grpc.StatusCode.INTERNAL, error)
 
     @staticmethod
-    def _delta_pb(parsed: ParsedRequest, d: CompletionDelta) -> pb.GenerateStreamResponse:
+    def _delta_pb(parsed: ParsedRequest, d: CompletionDelta,
+                  texts: TokenTexts) -> pb.GenerateStreamResponse:
         """One message per delta, per token: only the fields a plain token sets (half the
         cost of naming every field); the rest only when there is something in them."""
         msg = pb.GenerateStreamResponse(request_id=parsed.request_id, index=d.index,
                                         text=d.text, token_ids=d.token_ids)
         if d.logprobs:
-            msg.logprobs.extend(_logprobs_pb(d.logprobs))
+            msg.logprobs.extend(_logprobs_pb(d.logprobs, texts))
         if d.finish_reason is not None:
             msg.finish_reason = FINISH[d.finish_reason]
             msg.stop_sequence = d.stop_sequence or ""
@@ -369,7 +429,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 structured_backends=list(kinds),
                 speculative=pb.SpeculativeInfo(method=info.spec_method, k=info.spec_k),
                 structured_backend_info=[pb.StructuredBackendInfo(name=n, kinds=k)
-                                         for n, k in kinds.items()])
+                                         for n, k in kinds.items()],
+                max_new_tokens=self.limits.max_new_tokens)
 
 
 def _cancelled_code(context) -> grpc.StatusCode:

@@ -9,6 +9,7 @@ server's limits).
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from dataclasses import dataclass
 
@@ -30,10 +31,17 @@ class InvalidArgument(ValueError):
 @dataclass
 class ServiceLimits:
     default_max_new_tokens: int = 256
+    max_new_tokens: int = 1024  # the cap a request may ask for (--max-new-tokens)
+    prompt_logprobs: bool = True  # False: --disable-prompt-logprobs
     max_batch_size: int = 256
     max_n: int = 16
     max_top_logprobs: int = 20
     max_stop_sequences: int = 16
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.default_max_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"the default max new tokens ({self.default_max_new_tokens}) must "
+                             f"be in [1, the cap --max-new-tokens ({self.max_new_tokens})]")
 
 
 @dataclass
@@ -44,6 +52,28 @@ class ParsedRequest:
     params: SamplingParams
     output: pb.OutputOptions
     structured: StructuredSpec | None = None
+
+    @property
+    def seed(self) -> int | None:
+        """The seed to echo: the sampler's, for a sampled request (None when greedy)."""
+        return self.params.seed if self.params.temperature > 0 else None
+
+
+def sampling_seed(temperature: float, seed: int | None) -> int | None:
+    """The request's seed, or one picked now for a sampled request without one, so the
+    response can name it and the call be replayed (greedy needs none)."""
+    if seed is None and temperature > 0:
+        return secrets.randbits(63)
+    return seed
+
+
+def new_request_id(given: str) -> tuple[str, str]:
+    """(the id echoed to the client, a unique engine id): the client's own id may be
+    reused across calls, so the engine's gets a suffix."""
+    if not given:
+        rid = uuid.uuid4().hex
+        return rid, rid
+    return given, f"{given}-{uuid.uuid4().hex[:8]}"
 
 
 _BACKENDS = {
@@ -127,13 +157,19 @@ def _float(msg, name: str, default: float) -> float:
     return getattr(msg, name) if msg.HasField(name) else default
 
 
+def check_request_id(request_id: str, field: str = "request_id") -> None:
+    if len(request_id) > MAX_REQUEST_ID_LEN:
+        raise InvalidArgument(f"{field} is longer than {MAX_REQUEST_ID_LEN} characters")
+    if not request_id.isprintable():
+        raise InvalidArgument(f"{field} must contain only printable characters")
+
+
 def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
-                  limits: ServiceLimits, registry=None) -> ParsedRequest:
-    """``registry`` (a ``PluginRegistry``) resolves ``processors``; None = none allowed."""
-    if len(req.request_id) > MAX_REQUEST_ID_LEN:
-        raise InvalidArgument(f"request_id is longer than {MAX_REQUEST_ID_LEN} characters")
-    if not req.request_id.isprintable():
-        raise InvalidArgument("request_id must contain only printable characters")
+                  limits: ServiceLimits, registry=None,
+                  correlation_id: str = "") -> ParsedRequest:
+    """``registry`` (a ``PluginRegistry``) resolves ``processors``; None = none allowed.
+    ``correlation_id`` (x-correlation-id metadata) names the request when it has no id."""
+    check_request_id(req.request_id)
     structured = structured_spec(req.structured_output)
     if structured is not None and req.stopping.ignore_eos:
         raise InvalidArgument("stopping.ignore_eos cannot be combined with structured_output: "
@@ -155,6 +191,9 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
         raise InvalidArgument(f"sampling.n must be in [1, {limits.max_n}], got {n}")
     if s.HasField("seed") and s.seed > MAX_SEED:
         raise InvalidArgument(f"sampling.seed must be < 2^63, got {s.seed}")
+    if out.prompt_logprobs and not limits.prompt_logprobs:
+        raise InvalidArgument("output.prompt_logprobs: prompt logprobs are disabled on this "
+                              "server (--disable-prompt-logprobs)")
     if out.top_logprobs > limits.max_top_logprobs:
         raise InvalidArgument(f"output.top_logprobs must be <= {limits.max_top_logprobs}, "
                               f"got {out.top_logprobs}")
@@ -173,12 +212,15 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     room = info.max_model_len - len(ids)
     if st.HasField("max_new_tokens"):
         max_new = st.max_new_tokens
+        if max_new > limits.max_new_tokens:
+            raise InvalidArgument(f"stopping.max_new_tokens must be <= {limits.max_new_tokens} "
+                                  f"(the server's --max-new-tokens), got {max_new}")
         if max_new > room:
             raise InvalidArgument(
                 f"stopping.max_new_tokens: prompt ({len(ids)} tokens) + max_new_tokens "
                 f"({max_new}) exceeds max_model_len ({info.max_model_len})")
     else:
-        max_new = min(limits.default_max_new_tokens, room)
+        max_new = min(limits.default_max_new_tokens, limits.max_new_tokens, room)
 
     try:
         params = SamplingParams(
@@ -191,7 +233,8 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
             repetition_penalty=_float(s, "repetition_penalty", 1.0),
             presence_penalty=_float(s, "presence_penalty", 0.0),
             frequency_penalty=_float(s, "frequency_penalty", 0.0),
-            seed=s.seed if s.HasField("seed") else None,
+            seed=sampling_seed(_float(s, "temperature", 0.0),
+                               s.seed if s.HasField("seed") else None),
             max_new_tokens=max_new,
             min_new_tokens=st.min_new_tokens,
             stop=list(st.stop_sequences),
@@ -201,12 +244,12 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
             time_limit_s=st.time_limit_ms / 1000 if st.time_limit_ms else None,
             logprobs=out.logprobs,
             top_logprobs=out.top_logprobs,
+            prompt_logprobs=out.top_logprobs if out.prompt_logprobs else None,
             logits_processors=processors,
             speculative=(req.speculative.enabled if req.speculative.HasField("enabled")
                          else None),
         )
     except ParamError as e:
         raise InvalidArgument(f"{_SECTION.get(e.param, 'sampling')}.{e}") from None
-    request_id = req.request_id or uuid.uuid4().hex
-    engine_request_id = f"{request_id}-{uuid.uuid4().hex[:8]}" if req.request_id else request_id
+    request_id, engine_request_id = new_request_id(req.request_id or correlation_id)
     return ParsedRequest(request_id, engine_request_id, ids, params, out, structured)

@@ -188,3 +188,49 @@ def test_logprobs_are_reported_for_every_token(tiny_model_dir, prompt_ids):
         assert len(lp.top) == 3
         assert lp.top[0][0] == tok  # greedy picks the top raw token
         assert lp.logprob == pytest.approx(lp.top[0][1])
+        assert lp.rank == 1
+
+
+def test_rank_counts_the_tokens_more_likely_than_the_sampled_one(tiny_model_dir, prompt_ids):
+    engine = make_engine(tiny_model_dir)
+    res = run_to_completion(engine, {0: [("r", prompt_ids[1], SamplingParams(
+        max_new_tokens=8, min_new_tokens=8, temperature=5.0, seed=3, logprobs=True,
+        top_logprobs=20))]})
+    c = res["r"][0]
+    assert any(lp.rank > 1 for lp in c.logprobs)  # temperature 5 leaves the argmax often
+    for lp in c.logprobs:
+        above = [v for _, v in lp.top if v > lp.logprob]
+        if lp.rank <= 20:
+            assert lp.rank == len(above) + 1
+
+
+def _hf_prompt_logprobs(hf_model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([ids])).logits[0].float()
+    return logits.log_softmax(-1)
+
+
+@pytest.mark.parametrize("budget", [None, 7], ids=["whole", "chunked"])
+def test_prompt_logprobs_match_a_full_forward(tiny_model_dir, hf_model, prompt_ids, budget):
+    """Each prompt token i >= 1 gets its logprob, rank and top-k under position i - 1,
+    chunk boundaries included; a request beside it that did not ask gets none."""
+    kw = {"max_num_batched_tokens": budget} if budget else {}
+    engine = make_engine(tiny_model_dir, **kw)
+    ids = prompt_ids[7]
+    seen: dict[str, list] = {}
+    engine.add_request("p", ids, SamplingParams(max_new_tokens=3, prompt_logprobs=2))
+    engine.add_request("plain", prompt_ids[0], SamplingParams(max_new_tokens=3))
+    while engine.has_work:
+        for out in engine.step():
+            if out.prompt_logprobs is not None:
+                assert out.request_id not in seen  # sent once
+                seen[out.request_id] = out.prompt_logprobs
+    assert list(seen) == ["p"]
+    lps = seen["p"]
+    ref = _hf_prompt_logprobs(hf_model, ids)
+    assert [lp.token_id for lp in lps] == ids[1:]
+    for i, lp in enumerate(lps):
+        row = ref[i]
+        assert lp.logprob == pytest.approx(row[ids[i + 1]].item(), abs=1e-4)
+        assert lp.rank == int((row > row[ids[i + 1]]).sum()) + 1
+        assert [t for t, _ in lp.top] == row.topk(2).indices.tolist()
