@@ -175,6 +175,22 @@ def test_generate_output_options(client):
     assert json.loads(json.dumps(d)) == d and d["completions"][0]["token_ids"] == list(c.token_ids)
 
 
+def test_token_texts_ranks_prompt_logprobs_and_seed(client, tokenizer):
+    r = client.generate(PROMPT, max_new_tokens=3, logprobs=True, top_logprobs=2,
+                        prompt_logprobs=True, temperature=1.2, return_token_ids=True)
+    c = r.completions[0]
+    assert [lp.text for lp in c.logprobs] == tokenizer.convert_ids_to_tokens(list(c.token_ids))
+    assert all(lp.rank >= 1 for lp in c.logprobs)
+    prompt_ids = client.tokenize(PROMPT).token_ids
+    assert [lp.token_id for lp in r.prompt_logprobs] == list(prompt_ids[1:])
+    assert r.seed is not None
+    again = client.generate(PROMPT, max_new_tokens=3, temperature=1.2, seed=r.seed)
+    assert again.text == r.text and again.seed == r.seed
+    d = r.to_dict()
+    assert d["seed"] == r.seed and len(d["prompt_logprobs"]) == len(prompt_ids) - 1
+    assert client.model_info().max_new_tokens == 1024
+
+
 def test_stop_sequence(client):
     full = client.generate(PROMPT, max_new_tokens=8).completions[0]
     stop = full.text[len(full.text) // 2:][:4]

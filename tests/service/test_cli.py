@@ -42,6 +42,32 @@ def test_bad_flags_exit_with_usage(argv, capsys):
     assert "error" in capsys.readouterr().err
 
 
+def _served_config(monkeypatch, argv: list[str]):
+    """The ServerConfig ``genserve serve argv`` would serve (the server is not started)."""
+    import service.server
+
+    seen = []
+
+    async def fake_serve(config):
+        seen.append(config)
+
+    monkeypatch.setattr(service.server, "serve", fake_serve)
+    assert main(["serve", *argv]) == 0
+    return seen[0]
+
+
+def test_tgis_flags_reach_the_server_config(monkeypatch):
+    default = _served_config(monkeypatch, [])
+    assert default.fmaas and default.tgis.default_include_stop_seqs
+    assert default.limits.max_new_tokens == 1024 and default.limits.prompt_logprobs
+    config = _served_config(monkeypatch, [
+        "--no-fmaas", "--no-default-include-stop-seqs", "--max-new-tokens", "100",
+        "--disable-prompt-logprobs"])
+    assert not config.fmaas and not config.tgis.default_include_stop_seqs
+    assert config.limits.max_new_tokens == 100 and not config.limits.prompt_logprobs
+    assert config.limits.default_max_new_tokens == 100  # the default never exceeds the cap
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -106,6 +106,28 @@ def test_tokenize_and_model_info(stub, tokenizer):
     info = stub.GetModelInfo(pb.GetModelInfoRequest())
     assert info.max_model_len == 256 and info.vocab_size == len(tokenizer)
     assert tokenizer.eos_token_id in info.eos_token_ids
+    assert info.max_new_tokens == 1024  # the default cap
+
+
+def test_sampled_requests_echo_a_seed_that_replays_them(stub):
+    greedy = stub.Generate(req())
+    assert not greedy.HasField("seed")
+    sampled = req(sampling=pb.SamplingParameters(temperature=1.5))
+    first = stub.Generate(sampled)
+    assert first.HasField("seed")
+    sampled.sampling.seed = first.seed
+    again = stub.Generate(sampled)
+    assert again.seed == first.seed
+    assert again.completions[0].text == first.completions[0].text
+    chunks = list(stub.GenerateStream(pb.GenerateStreamRequest(request=sampled)))
+    assert chunks[0].seed == first.seed and not chunks[1].HasField("seed")
+    assert "".join(c.text for c in chunks) == first.completions[0].text
+
+
+def test_correlation_id_is_the_request_id_when_none_is_given(stub):
+    meta = [("x-correlation-id", "corr-7")]
+    assert stub.Generate(req(), metadata=meta).request_id == "corr-7"
+    assert stub.Generate(req(request_id="mine"), metadata=meta).request_id == "mine"
 
 
 def test_chat_input_uses_the_chat_template(stub, tokenizer):
@@ -168,6 +190,7 @@ INVALID = [
      "stop_token_ids"),
     (req(stopping=pb.StoppingCriteria(max_new_tokens=4, min_new_tokens=9)), "min_new_tokens"),
     (req(request_id="x" * 300), "request_id"),
+    (req(stopping=pb.StoppingCriteria(max_new_tokens=2000)), "--max-new-tokens"),
     (req(structured_output=pb.StructuredOutput(regex=""), stopping=STOP4),
      "structured_output.regex"),
     (req(structured_output=pb.StructuredOutput(regex="([a-"), stopping=STOP4),

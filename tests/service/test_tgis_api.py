@@ -376,6 +376,28 @@ def test_bad_requests_are_invalid_argument(fm):
     assert e.value.code() == Code.INVALID_ARGUMENT
 
 
+def test_disabled_prompt_logprobs(tiny_model_dir, tokenizer):
+    """--disable-prompt-logprobs: refused on the native API; TGIS input tokens are text only."""
+    from tests.service.fake_engine import FakeEngine
+
+    engine = FakeEngine(tokenizer, EngineConfig(model=str(tiny_model_dir)))
+    running, _ = start_server(engine, ServiceLimits(prompt_logprobs=False), structured=None)
+    try:
+        with grpc.insecure_channel(running.address) as ch:
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(
+                    prompt=PROMPT, output=pb.OutputOptions(prompt_logprobs=True)), timeout=10)
+            assert e.value.code() == Code.INVALID_ARGUMENT
+            assert "--disable-prompt-logprobs" in e.value.details()
+            (r,) = generate(tgis_grpc.GenerationServiceStub(ch), [PROMPT], params(
+                2, response=tgis.ResponseOptions(input_tokens=True, token_logprobs=True)))
+            assert [t.text for t in r.input_tokens] == tokenizer.convert_ids_to_tokens(
+                tokenizer(PROMPT)["input_ids"])
+            assert all(t.logprob == 0 for t in r.input_tokens)
+    finally:
+        stop_server(running)
+
+
 def test_no_fmaas_serves_only_the_native_api(tiny_model_dir, tokenizer):
     from tests.service.fake_engine import FakeEngine
 

@@ -103,6 +103,8 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+    text: str = ""  # the token's vocabulary piece (e.g. "Ġthe")
+    rank: int = 0  # 1-based rank in its position's distribution
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,9 @@ class GenerateResult:
     completions: tuple[Completion, ...]
     usage: Usage
     prompt_token_ids: tuple[int, ...] = ()  # with return_prompt_token_ids=True
+    # with prompt_logprobs=True: prompt tokens 1.. (the first token has none)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()
+    seed: int | None = None  # the sampling seed used (sampled requests): replays the call
 
     @property
     def text(self) -> str:
@@ -152,6 +157,9 @@ class GenerateResult:
             "usage": vars(self.usage).copy(),
             **({"prompt_token_ids": list(self.prompt_token_ids)}
                if self.prompt_token_ids else {}),
+            **({"prompt_logprobs": _logprobs_list(self.prompt_logprobs)}
+               if self.prompt_logprobs else {}),
+            **({"seed": self.seed} if self.seed is not None else {}),
         }
 
 
@@ -169,8 +177,8 @@ def _completion_dict(c: Completion) -> dict[str, Any]:
 
 
 def _logprobs_list(items: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    return [{"token_id": t.token_id, "logprob": t.logprob, "top": [list(x) for x in t.top]}
-            for t in items]
+    return [{"token_id": t.token_id, "text": t.text, "logprob": t.logprob, "rank": t.rank,
+             "top": [list(x) for x in t.top]} for t in items]
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,8 @@ class StreamChunk:
     logprobs: tuple[TokenLogprob, ...] = ()
     usage: Usage | None = None
     error: str | None = None
+    seed: int | None = None  # first chunk only, as in GenerateResult
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # first chunk only
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (``genserve generate --stream --json`` prints one
@@ -228,6 +238,10 @@ class StreamChunk:
             d["usage"] = vars(self.usage).copy()
         if self.error is not None:
             d["error"] = self.error
+        if self.seed is not None:
+            d["seed"] = self.seed
+        if self.prompt_logprobs:
+            d["prompt_logprobs"] = _logprobs_list(self.prompt_logprobs)
         return d
 
 
@@ -247,6 +261,7 @@ class ModelInfo:
     structured_backends: dict[str, tuple[str, ...]] = field(default_factory=dict)
     speculative_method: str | None = None  # None: speculative decoding is off
     speculative_k: int = 0
+    max_new_tokens: int = 0  # the server's cap on max_new_tokens
 
 
 class _StreamState:
@@ -283,7 +298,8 @@ def _finish(value: int) -> FinishReason | None:
 
 def _logprobs(items: Sequence[pb.TokenLogprob]) -> tuple[TokenLogprob, ...]:
     return tuple(TokenLogprob(t.token_id, t.logprob, tuple((x.token_id, x.logprob)
-                                                           for x in t.top)) for t in items)
+                                                           for x in t.top), t.text, t.rank)
+                 for t in items)
 
 
 def _usage(u: pb.Usage) -> Usage:
@@ -298,7 +314,9 @@ def result_from_pb(resp: pb.GenerateResponse) -> GenerateResult:
             index=c.index, text=c.text, finish_reason=_finish(c.finish_reason),
             stop_sequence=c.stop_sequence or None, token_ids=tuple(c.token_ids),
             logprobs=_logprobs(c.logprobs), error=c.error or None) for c in resp.completions),
-        usage=_usage(resp.usage), prompt_token_ids=tuple(resp.prompt_token_ids))
+        usage=_usage(resp.usage), prompt_token_ids=tuple(resp.prompt_token_ids),
+        prompt_logprobs=_logprobs(resp.prompt_logprobs),
+        seed=resp.seed if resp.HasField("seed") else None)
 
 
 def batch_from_pb(resp: pb.GenerateBatchResponse) -> list[BatchItem]:
@@ -317,7 +335,9 @@ def chunk_from_pb(msg: pb.GenerateStreamResponse) -> StreamChunk:
         request_id=msg.request_id, index=msg.index, text=msg.text,
         finish_reason=_finish(msg.finish_reason), stop_sequence=msg.stop_sequence or None,
         token_ids=tuple(msg.token_ids), logprobs=_logprobs(msg.logprobs),
-        usage=_usage(msg.usage) if msg.HasField("usage") else None, error=msg.error or None)
+        usage=_usage(msg.usage) if msg.HasField("usage") else None, error=msg.error or None,
+        seed=msg.seed if msg.HasField("seed") else None,
+        prompt_logprobs=_logprobs(msg.prompt_logprobs))
 
 
 def model_info_from_pb(resp: pb.GetModelInfoResponse) -> ModelInfo:
@@ -327,7 +347,8 @@ def model_info_from_pb(resp: pb.GetModelInfoResponse) -> ModelInfo:
     return ModelInfo(
         model_id=resp.model_id, max_model_len=resp.max_model_len, vocab_size=resp.vocab_size,
         eos_token_ids=tuple(resp.eos_token_ids), structured_backends=backends,
-        speculative_method=resp.speculative.method or None, speculative_k=resp.speculative.k)
+        speculative_method=resp.speculative.method or None, speculative_k=resp.speculative.k,
+        max_new_tokens=resp.max_new_tokens)
 
 
 # ---- requests --------------------------------------------------------------------------
@@ -371,6 +392,7 @@ class GenerateOptions(TypedDict, total=False):
     top_logprobs: int
     return_token_ids: bool
     return_prompt_token_ids: bool
+    prompt_logprobs: bool  # logprob and rank of each prompt token (with top_logprobs)
     # input and the rest
     truncate_input_tokens: int
     add_generation_prompt: bool  # chat prompts only; default True
@@ -427,6 +449,7 @@ def build_request(prompt: Prompt | pb.GenerateRequest,
     out.top_logprobs = opts.get("top_logprobs") or 0
     out.return_token_ids = bool(opts.get("return_token_ids", False))
     out.return_prompt_token_ids = bool(opts.get("return_prompt_token_ids", False))
+    out.prompt_logprobs = bool(opts.get("prompt_logprobs", False))
     if opts.get("speculative") is not None:
         req.speculative.enabled = bool(opts["speculative"])
     for name, args in opts.get("processors") or ():
