@@ -3,8 +3,9 @@
 # clients, offline, with the Debian 12 toolchains `make interop-deps` installs; install the
 # Node client's two npm packages. `clients/build.sh go java` builds only those.
 #
-#   Go:   clients/go/genservev1/*.pb.go (checked in, regenerated here),
-#         clients/go/bin/genserve-client
+#   Go:   clients/go/genservev1/*.pb.go and clients/go/fmaas/*.pb.go (checked in,
+#         regenerated here), clients/go/bin/genserve-client, clients/go/bin/tgis-client
+#         (a TGIS client built from the upstream fmaas proto)
 #   Java: clients/java/build/generated (stubs), clients/java/build/classes,
 #         clients/java/build/genserve-client (launcher)
 #   Node: clients/node/node_modules (the .proto files are loaded at run time)
@@ -12,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PROTO=protos/genserve/v1/generation.proto
+TGIS_PROTO=protos/fmaas/generation.proto  # upstream's, unchanged: no go_package, so M-mapped
 HEALTH=clients/proto/grpc/health/v1/health.proto  # copy of grpc-proto's: no jar ships it
 GO_MODULE=github.com/genserve/genserve/clients/go  # from the .proto's go_package
 
@@ -28,6 +30,10 @@ build_go() {
     need protoc protoc-gen-go protoc-gen-go-grpc go
     protoc -Iprotos --go_out=clients/go --go_opt=module=$GO_MODULE \
         --go-grpc_out=clients/go --go-grpc_opt=module=$GO_MODULE $PROTO
+    local tgis_pkg="fmaas/generation.proto=$GO_MODULE/fmaas;fmaas"
+    protoc -Iprotos --go_out=clients/go --go_opt=module=$GO_MODULE --go_opt=M$tgis_pkg \
+        --go-grpc_out=clients/go --go-grpc_opt=module=$GO_MODULE --go-grpc_opt=M$tgis_pkg \
+        $TGIS_PROTO
     # GOPATH mode over Debian's Go sources (/usr/share/gocode): no module proxy needed.
     # grpc-go there is 1.33; the module's own go.mod is for builds with a module proxy.
     local gopath=$ROOT/clients/go/build/gopath
@@ -37,7 +43,9 @@ build_go() {
     ln -sfn "$ROOT/clients/go" "$gopath/src/$GO_MODULE"
     GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$gopath:/usr/share/gocode" \
         go build -o clients/go/bin/genserve-client $GO_MODULE/cmd/genserve-client
-    echo "built clients/go/bin/genserve-client"
+    GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$gopath:/usr/share/gocode" \
+        go build -o clients/go/bin/tgis-client $GO_MODULE/cmd/tgis-client
+    echo "built clients/go/bin/genserve-client, clients/go/bin/tgis-client"
 }
 
 # grpc-java 1.41 and its run-time dependencies, as Debian 12 installs them.
