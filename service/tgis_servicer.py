@@ -28,7 +28,7 @@ from service.validation import InvalidArgument, ParsedRequest, new_request_id
 
 SERVICE_NAME = tgis.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
-_STOP = {
+_STOP: dict[FinishReason | None, tgis.StopReason] = {
     None: tgis.NOT_FINISHED,
     FinishReason.EOS: tgis.EOS_TOKEN,
     FinishReason.STOP_TOKEN: tgis.EOS_TOKEN,
@@ -111,7 +111,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             response.text = r.text + response.text
 
     def _stop(self, r: TgisRequest, reason: FinishReason | None, stop_sequence: str | None,
-              last_token: int | None) -> tuple[int, str]:
+              last_token: int | None) -> tuple[tgis.StopReason, str]:
         if reason is FinishReason.LENGTH:
             return (tgis.TOKEN_LIMIT if r.token_limited else tgis.MAX_TOKENS), ""
         if reason in (FinishReason.EOS, FinishReason.STOP_TOKEN):
