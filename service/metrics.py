@@ -126,6 +126,21 @@ class Metrics:
             "genserve_structured_cache_misses",
             "compiled-grammar cache misses (each starts a compile), by backend", ["backend"],
             registry=r)
+        # gRPC server metrics under the go-grpc-prometheus / py-grpc-prometheus names,
+        # for every service (health and reflection too); observed by service.rpc_guard
+        rpc_labels = ["grpc_type", "grpc_service", "grpc_method"]
+        self.grpc_started = Counter("grpc_server_started", "RPCs started on the server",
+                                    rpc_labels, registry=r)
+        self.grpc_handled = Counter("grpc_server_handled", "RPCs completed on the server, "
+                                    "whatever their status", [*rpc_labels, "grpc_code"],
+                                    registry=r)
+        self.grpc_handling = Histogram("grpc_server_handling_seconds", "response latency of "
+                                       "RPCs handled by the server", rpc_labels,
+                                       buckets=DURATION_BUCKETS, registry=r)
+        self.grpc_received = Counter("grpc_server_msg_received", "messages received by the "
+                                     "server", rpc_labels, registry=r)
+        self.grpc_sent = Counter("grpc_server_msg_sent", "messages sent by the server",
+                                 rpc_labels, registry=r)
         for rpc in RPCS:  # visible (at 0) before the first call
             self.requests.labels(rpc, "OK")
             self.request_duration.labels(rpc)

@@ -24,6 +24,7 @@ from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.metrics import Metrics
 from service.processor_plugins import PluginContext, PluginRegistry
+from service.rpc_guard import RpcGuard
 from service.servicer import GenerationServicer, ServerState
 from service.tgis_params import TgisOptions
 from service.tgis_servicer import SERVICE_NAME as FMAAS_SERVICE_NAME
@@ -104,7 +105,7 @@ class GenServer:
         self.metrics_port = 0
         self.servicer = GenerationServicer(None, config.limits, self.state,  # engine: when warm
                                            self.metrics)
-        self.server = grpc.aio.server(options=[
+        self.server = grpc.aio.server(interceptors=[RpcGuard(self.metrics)], options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ])
