@@ -14,6 +14,9 @@ from engine.logits_process import LogitsProcessor, LogitsProcessorFactory
 
 # Penalty bounds follow vLLM / OpenAI.
 PENALTY_RANGE = (-2.0, 2.0)
+# Below this a temperature is greedy (as vLLM): dividing logits by ~1e-40 overflows to
+# inf/NaN and would pick token 0 over and over.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 class ParamError(ValueError):
@@ -76,6 +79,8 @@ class SamplingParams:
         _finite("temperature", self.temperature)
         if self.temperature < 0:
             raise ParamError("temperature", f"must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.temperature < GREEDY_BELOW_TEMPERATURE:
+            self.temperature = 0.0
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ParamError("top_k", f"must be an integer >= 0 (0 = disabled), got {self.top_k!r}")
         _finite("top_p", self.top_p)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 MAX_PHRASES = 256
+MAX_PHRASE_CHARS = 256
 MAX_WINDOW = 1024
 
 
@@ -51,6 +52,8 @@ class BannedPhrases:
         if (not isinstance(phrases, list) or not phrases or len(phrases) > MAX_PHRASES
                 or not all(isinstance(p, str) and p.strip() for p in phrases)):
             raise ValueError(f"'phrases' must be a list of 1..{MAX_PHRASES} non-empty strings")
+        if any(len(p) > MAX_PHRASE_CHARS for p in phrases):
+            raise ValueError(f"each phrase must be at most {MAX_PHRASE_CHARS} characters")
         encoded = []
         for phrase in phrases:
             for variant in (phrase, " " + phrase.lstrip()):

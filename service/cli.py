@@ -110,6 +110,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
                    help="the most new tokens a request may ask for (both APIs; a TGIS "
                         "request's max_new_tokens 0 means this)")
+    p.add_argument("--max-input-chars", type=positive_int, default=limits.max_input_chars,
+                   help="longest prompt (text or chat contents) or Tokenize text in "
+                        "characters; longer ones are refused before tokenising")
     p.add_argument("--disable-prompt-logprobs", action="store_true",
                    help="refuse prompt logprobs (native output.prompt_logprobs); TGIS "
                         "input_tokens then carry text only")
@@ -290,7 +293,7 @@ def _run_serve(args) -> int:
     try:
         limits = ServiceLimits(
             default_max_new_tokens=min(args.default_max_new_tokens, args.max_new_tokens),
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=args.max_new_tokens, max_input_chars=args.max_input_chars,
             prompt_logprobs=not args.disable_prompt_logprobs,
             max_batch_size=args.max_batch_size, max_n=args.max_n,
             max_top_logprobs=args.max_top_logprobs, max_stop_sequences=args.max_stop_sequences)

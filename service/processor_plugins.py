@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from genserve.v1 import generation_pb2 as pb
-from service.validation import InvalidArgument
+from service.validation import MAX_ARGS_JSON_BYTES, InvalidArgument, check_json_depth
 
 BUILTIN_PLUGINS = (
     "service.builtin_processors:BannedPhrases",
@@ -54,6 +54,10 @@ class PluginRegistry:
             if plugin is None:
                 raise InvalidArgument(f"processors[{i}]: unknown processor {ref.name!r}; "
                                       f"registered: {sorted(self.plugins)}")
+            if len(ref.args_json) > MAX_ARGS_JSON_BYTES:
+                raise InvalidArgument(f"processors[{i}].args_json is longer than "
+                                      f"{MAX_ARGS_JSON_BYTES} characters")
+            check_json_depth(ref.args_json, f"processors[{i}].args_json")
             try:
                 args = json.loads(ref.args_json) if ref.args_json.strip() else {}
             except json.JSONDecodeError as e:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import grpc
 
@@ -28,10 +28,17 @@ from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.logs import request_id_var
 from service.metrics import Metrics
 from service.processor_plugins import PluginRegistry
-from service.validation import InvalidArgument, ParsedRequest, ServiceLimits, parse_request
+from service.validation import (
+    InvalidArgument,
+    ParsedRequest,
+    ServiceLimits,
+    check_input_chars,
+    parse_request,
+)
 from structured.manager import StructuredOutputs
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FINISH: dict[FinishReason | None, pb.FinishReason] = {
     None: pb.FINISH_REASON_UNSPECIFIED,
@@ -163,6 +170,19 @@ def _completion_pb(c: Completion, want_ids: bool, texts: TokenTexts) -> pb.Compl
         error=c.error or "")
 
 
+# Inputs longer than this are parsed and tokenised in a worker thread, so a big request
+# never stalls the event loop (health checks, streams); shorter ones are cheaper in place.
+OFF_LOOP_CHARS = 4096
+
+
+def input_chars(req: pb.GenerateRequest) -> int:
+    return len(req.prompt) + sum(len(m.content) for m in req.chat.messages)
+
+
+async def off_loop_if(big: bool, fn: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(fn, *args) if big else fn(*args)
+
+
 def correlation_id(context) -> str:
     """The caller's ``x-correlation-id`` metadata (TGIS clients send one), or ''."""
     for key, value in context.invocation_metadata() or ():
@@ -193,11 +213,12 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     def texts(self) -> TokenTexts:
         return TokenTexts(self._live.tokenizer)
 
-    def _parse(self, req: pb.GenerateRequest, call: Call) -> ParsedRequest:
+    async def _parse(self, req: pb.GenerateRequest, call: Call) -> ParsedRequest:
         if req.request_id or call.correlation_id:  # in the log even for an invalid request
             request_id_var.set(req.request_id or call.correlation_id)
-        parsed = parse_request(req, self._live.tokenizer, self._live.info, self.limits,
-                               self.registry, call.correlation_id)
+        parsed = await off_loop_if(input_chars(req) > OFF_LOOP_CHARS, parse_request, req,
+                                   self._live.tokenizer, self._live.info, self.limits,
+                                   self.registry, call.correlation_id)
         self.started(parsed.request_id, call)
         return parsed
 
@@ -335,7 +356,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def Generate(self, request, context):
         async with self._call("Generate", context) as call:
-            return await self._generate(self._parse(request, call), call)
+            return await self._generate(await self._parse(request, call), call)
 
     async def GenerateBatch(self, request, context):
         async with self._call("GenerateBatch", context) as call:
@@ -348,7 +369,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
             async def one(req: pb.GenerateRequest) -> pb.GenerateResponse:
                 # each item runs in its own task, so its request id stays its own
-                return await self._generate(self._parse(req, call), call)
+                return await self._generate(await self._parse(req, call), call)
 
             outcomes = await asyncio.gather(*(one(r) for r in items), return_exceptions=True)
             results = []
@@ -367,7 +388,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
 
     async def GenerateStream(self, request, context):
         async with self._call("GenerateStream", context) as call:
-            parsed = self._parse(request.request, call)
+            parsed = await self._parse(request.request, call)
             await self._attach_grammar(parsed)
             error: str | None = None
             texts = self.texts
@@ -415,7 +436,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def Tokenize(self, request, context):
         async with self._call("Tokenize", context, generation=False):
             tokenizer = self._live.tokenizer
-            ids = tokenizer(request.text)["input_ids"] if request.text else []
+            check_input_chars(len(request.text), "text", self.limits)
+            ids = (await off_loop_if(len(request.text) > OFF_LOOP_CHARS, tokenizer,
+                                     request.text))["input_ids"] if request.text else []
             tokens = tokenizer.convert_ids_to_tokens(ids) if request.return_tokens else []
             return pb.TokenizeResponse(token_ids=ids, tokens=tokens)
 

@@ -15,7 +15,7 @@ from engine.outputs import Completion, FinishReason, TokenLogprob
 from fmaas import generation_pb2 as tgis
 from fmaas import generation_pb2_grpc as tgis_grpc
 from genserve.v1 import generation_pb2 as pb
-from service.servicer import Call, GenerationServicer, TokenTexts
+from service.servicer import OFF_LOOP_CHARS, Call, GenerationServicer, TokenTexts, off_loop_if
 from service.tgis_params import (
     TgisOptions,
     TgisRequest,
@@ -24,7 +24,12 @@ from service.tgis_params import (
     tokenize_prompt,
     validate_params,
 )
-from service.validation import InvalidArgument, ParsedRequest, new_request_id
+from service.validation import (
+    InvalidArgument,
+    ParsedRequest,
+    check_input_chars,
+    new_request_id,
+)
 
 SERVICE_NAME = tgis.DESCRIPTOR.services_by_name["GenerationService"].full_name
 
@@ -74,16 +79,18 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
 
     # ---- helpers --------------------------------------------------------------------
 
-    def _requests(self, params: tgis.Parameters, texts: list[str], call: Call
-                  ) -> list[tuple[TgisRequest, ParsedRequest]]:
+    async def _requests(self, params: tgis.Parameters, texts: list[str], call: Call
+                        ) -> list[tuple[TgisRequest, ParsedRequest]]:
         """Every prompt checked before any runs: one bad prompt fails the call, as in TGIS."""
         engine = self.native._live
-        validate_params(params, self.native.limits)
+        limits = self.native.limits
+        validate_params(params, limits)
         out = []
         for i, text in enumerate(texts):
             try:
-                r = build_request(params, text, engine.tokenizer, engine.info,
-                                  self.native.limits, self.options)
+                check_input_chars(len(text), "text", limits)
+                r = await off_loop_if(len(text) > OFF_LOOP_CHARS, build_request, params, text,
+                                      engine.tokenizer, engine.info, limits, self.options)
             except InvalidArgument as e:
                 raise InvalidArgument(f"requests[{i}]: {e}" if len(texts) > 1 else str(e)) \
                     from None
@@ -144,7 +151,8 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             if len(request.requests) > limit:
                 raise InvalidArgument(f"requests has {len(request.requests)} items; the limit "
                                       f"is {limit}")
-            work = self._requests(request.params, [q.text for q in request.requests], call)
+            work = await self._requests(request.params, [q.text for q in request.requests],
+                                        call)
             options = request.params.response
             infos = TokenInfos(options, self.native.texts)
 
@@ -163,7 +171,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
     async def GenerateStream(self, request, context):
         async with self.native._call("fmaas/GenerateStream", context) as call:
             check_adapters(request)
-            ((r, parsed),) = self._requests(request.params, [request.request.text], call)
+            ((r, parsed),) = await self._requests(request.params, [request.request.text], call)
             await self.native._attach_grammar(parsed)
             options = request.params.response
             infos = TokenInfos(options, self.native.texts)
@@ -196,13 +204,17 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             tokenizer = self.native._live.tokenizer
             texts = self.native.texts
             responses = []
-            for req in request.requests:
-                ids = tokenize_prompt(req.text, tokenizer, request.truncate_input_tokens)
+            for i, req in enumerate(request.requests):
+                check_input_chars(len(req.text), f"requests[{i}].text", self.native.limits)
+                ids = await off_loop_if(len(req.text) > OFF_LOOP_CHARS, tokenize_prompt,
+                                        req.text, tokenizer, request.truncate_input_tokens)
                 response = tgis.TokenizeResponse(token_count=len(ids))
                 if request.return_tokens:
                     response.tokens.extend(texts(ids))
                 if request.return_offsets and ids:
-                    response.offsets.extend(_offsets(tokenizer, req.text, len(ids)))
+                    response.offsets.extend(await off_loop_if(
+                        len(req.text) > OFF_LOOP_CHARS, _offsets, tokenizer, req.text,
+                        len(ids)))
                 responses.append(response)
             return tgis.BatchedTokenizeResponse(responses=responses)
 

@@ -24,8 +24,41 @@ MAX_STOP_SEQUENCE_LEN = 256
 MAX_SEED = 2**63 - 1
 
 
+MAX_JSON_DEPTH = 64  # nesting of any JSON a request carries (schemas, processor args)
+MAX_PROCESSORS = 16
+MAX_ARGS_JSON_BYTES = 64 * 1024
+
+
 class InvalidArgument(ValueError):
     """Bad input: the servicer answers INVALID_ARGUMENT with this message."""
+
+
+def json_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting of ``text`` (outside strings), found in one pass before
+    parsing, so a hostile document cannot drive ``json.loads`` into a RecursionError."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def check_json_depth(text: str, field: str) -> None:
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise InvalidArgument(f"{field} is nested deeper than {MAX_JSON_DEPTH} levels")
 
 
 @dataclass
@@ -37,6 +70,9 @@ class ServiceLimits:
     max_n: int = 16
     max_top_logprobs: int = 20
     max_stop_sequences: int = 16
+    # characters of a prompt (text or chat contents) or a Tokenize text: refused before
+    # tokenising, so one huge request cannot hold the tokenizer for seconds
+    max_input_chars: int = 1_000_000
 
     def __post_init__(self) -> None:
         if not 1 <= self.default_max_new_tokens <= self.max_new_tokens:
@@ -101,6 +137,8 @@ def structured_spec(so: pb.StructuredOutput) -> StructuredSpec | None:
         text: str = getattr(so, kind)
         if not text.strip():
             raise InvalidArgument(f"structured_output.{kind} must not be empty")
+        if kind == "json_schema":
+            check_json_depth(text, "structured_output.json_schema")
         value = text
     return StructuredSpec(kind, value, _BACKENDS[so.backend])
 
@@ -112,11 +150,19 @@ _SECTION = {
 }
 
 
-def _prompt_ids(req: pb.GenerateRequest, tokenizer, info: ModelInfo) -> list[int]:
+def check_input_chars(chars: int, field: str, limits: ServiceLimits) -> None:
+    if chars > limits.max_input_chars:
+        raise InvalidArgument(f"{field} has {chars} characters; the limit is "
+                              f"{limits.max_input_chars} (--max-input-chars)")
+
+
+def _prompt_ids(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
+                limits: ServiceLimits) -> list[int]:
     kind = req.WhichOneof("input")
     if kind is None:
         raise InvalidArgument("input: one of prompt, prompt_token_ids or chat is required")
     if kind == "prompt":
+        check_input_chars(len(req.prompt), "prompt", limits)
         if not req.prompt:
             raise InvalidArgument("prompt must not be empty")
         ids = tokenizer(req.prompt)["input_ids"]
@@ -128,6 +174,8 @@ def _prompt_ids(req: pb.GenerateRequest, tokenizer, info: ModelInfo) -> list[int
         msgs = req.chat.messages
         if not msgs:
             raise InvalidArgument("chat.messages must not be empty")
+        check_input_chars(sum(len(m.content) + len(m.role) for m in msgs), "chat.messages",
+                          limits)
         for i, m in enumerate(msgs):
             if m.role not in CHAT_ROLES:
                 raise InvalidArgument(f"chat.messages[{i}].role must be one of "
@@ -178,12 +226,15 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
         raise InvalidArgument("speculative.enabled: speculative decoding is not enabled on "
                               "this server")
     processors = []
+    if len(req.processors) > MAX_PROCESSORS:
+        raise InvalidArgument(f"processors has {len(req.processors)} entries; the limit is "
+                              f"{MAX_PROCESSORS}")
     if req.processors:
         if registry is None:
             raise InvalidArgument(f"processors[0]: unknown processor {req.processors[0].name!r}"
                                   " (no processor plugins on this server)")
         processors = registry.build(list(req.processors))
-    ids = _prompt_ids(req, tokenizer, info)
+    ids = _prompt_ids(req, tokenizer, info, limits)
     s, st, out = req.sampling, req.stopping, req.output
 
     n = s.n if s.HasField("n") else 1

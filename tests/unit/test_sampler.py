@@ -125,6 +125,16 @@ def test_greedy_rows_pick_the_argmax_and_leave_the_callers_logits_alone():
     assert torch.equal(logits, before)
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 1e-6])
+def test_vanishing_temperatures_are_greedy(temperature):
+    """Dividing by a denormal temperature overflows; such rows must pick the argmax."""
+    params = SamplingParams(temperature=temperature, seed=1)
+    assert params.temperature == 0.0
+    logits = rand_logits(4)
+    out = Sampler()(logits, meta_for([params] * 4))
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+
+
 def test_all_greedy_without_penalties_is_a_single_argmax(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("the all-greedy fast path must not warp or sample")
