@@ -82,8 +82,19 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     from structured.manager import StructuredConfig
 
     e, limits = EngineConfig(), ServiceLimits()
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML file of settings (flag names as keys, e.g. max-num-seqs: 32); "
+                        "precedence: flag > GENSERVE_<FLAG> environment variable > file > "
+                        "default")
     p.add_argument("--model", default=e.model,
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients see (GetModelInfo.model_id, metrics' "
+                        "model_name label); default: the model's own id")
+    p.add_argument("--seed", type=non_negative_int, default=None,
+                   help="seed of the seeds the server picks for sampled requests without "
+                        "one (and of torch's global RNG): a restarted server replays the "
+                        "same sequence of calls identically; default: random")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=non_negative_int, default=50051, help="0 = any free port")
     p.add_argument("--max-model-len", type=positive_int, default=None,
@@ -308,7 +319,8 @@ def _run_serve(args) -> int:
                 max_consecutive_whitespace=args.structured_max_whitespace),
             metrics_port=args.metrics_port or None, tls_cert=args.tls_cert,
             tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, fmaas=args.fmaas,
-            tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs))
+            tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs),
+            served_model_name=args.served_model_name, seed=args.seed)
     except ValueError as e:
         print(f"genserve serve: error: {e}", file=sys.stderr)
         return 2
@@ -380,7 +392,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, action=_LazySubcommands)
     _serve_parser(sub)
     _generate_parser(sub)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        from service.settings import apply_env_and_file
+
+        serve = sub._name_parser_map["serve"]
+        try:
+            args = apply_env_and_file(serve, argv[argv.index("serve") + 1:], args)
+        except ValueError as e:
+            serve.error(str(e))
     setup_logging(getattr(args, "log_level", "INFO"), getattr(args, "log_format", "text"))
     if args.command == "serve":
         return _run_serve(args)

@@ -29,7 +29,7 @@ from service.servicer import GenerationServicer, ServerState
 from service.tgis_params import TgisOptions
 from service.tgis_servicer import SERVICE_NAME as FMAAS_SERVICE_NAME
 from service.tgis_servicer import FmaasServicer
-from service.validation import ServiceLimits
+from service.validation import ServiceLimits, seed_sampling
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
 from structured.manager import StructuredConfig, StructuredOutputs
@@ -58,6 +58,8 @@ class ServerConfig:
     tls_cert: str | None = None  # PEM server certificate chain; with tls_key: TLS
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_client_ca: str | None = None  # PEM CA bundle: require and verify client certs (mTLS)
+    served_model_name: str | None = None  # the model id clients see; None = the model's
+    seed: int | None = None  # seeds the seeds picked for unseeded sampled requests
     fmaas: bool = True  # also serve the TGIS API (fmaas.GenerationService) on the same port
     tgis: TgisOptions = field(default_factory=TgisOptions)
 
@@ -105,6 +107,9 @@ class GenServer:
         self.metrics_port = 0
         self.servicer = GenerationServicer(None, config.limits, self.state,  # engine: when warm
                                            self.metrics)
+        self.servicer.served_model_name = config.served_model_name
+        if config.seed is not None:
+            seed_sampling(config.seed)
         self.server = grpc.aio.server(interceptors=[RpcGuard(self.metrics)], options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

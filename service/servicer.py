@@ -200,6 +200,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.metrics = metrics or Metrics()
         self.registry: PluginRegistry | None = None
         self.structured: StructuredOutputs | None = None
+        self.served_model_name: str | None = None  # --served-model-name
 
     # ---- helpers --------------------------------------------------------------------
 
@@ -447,7 +448,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             info = self._live.info
             kinds = self.structured.kinds() if self.structured else {}
             return pb.GetModelInfoResponse(
-                model_id=info.model_id, max_model_len=info.max_model_len,
+                model_id=self.served_model_name or info.model_id,
+                max_model_len=info.max_model_len,
                 vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
                 structured_backends=list(kinds),
                 speculative=pb.SpeculativeInfo(method=info.spec_method, k=info.spec_k),

@@ -9,7 +9,7 @@ server's limits).
 
 from __future__ import annotations
 
-import secrets
+import random
 import uuid
 from dataclasses import dataclass
 
@@ -95,11 +95,24 @@ class ParsedRequest:
         return self.params.seed if self.params.temperature > 0 else None
 
 
+_seeds: random.Random = random.SystemRandom()
+
+
+def seed_sampling(seed: int) -> None:
+    """``--seed``: the seeds picked for unseeded sampled requests come from ``seed``, so a
+    restarted server answers the same sequence of calls identically."""
+    global _seeds
+    import torch
+
+    _seeds = random.Random(seed)
+    torch.manual_seed(seed)
+
+
 def sampling_seed(temperature: float, seed: int | None) -> int | None:
     """The request's seed, or one picked now for a sampled request without one, so the
     response can name it and the call be replayed (greedy needs none)."""
     if seed is None and temperature > 0:
-        return secrets.randbits(63)
+        return _seeds.getrandbits(63)
     return seed
 
 

@@ -68,6 +68,44 @@ def test_tgis_flags_reach_the_server_config(monkeypatch):
     assert config.limits.default_max_new_tokens == 100  # the default never exceeds the cap
 
 
+def test_settings_precedence_flag_over_env_over_file_over_default(monkeypatch, tmp_path):
+    config = tmp_path / "genserve.yaml"
+    config.write_text("max-num-seqs: 7\nmax_batch_size: 9\nfmaas: false\n"
+                      "served-model-name: from-file\nprocessor-plugin: [a.b:C]\n")
+    monkeypatch.setenv("GENSERVE_MAX_BATCH_SIZE", "11")
+    monkeypatch.setenv("GENSERVE_SEED", "5")
+    monkeypatch.setenv("GENSERVE_DISABLE_PROMPT_LOGPROBS", "true")
+    monkeypatch.setenv("GENSERVE_REQUIRE_INTEROP", "1")  # not a flag: ignored
+    seen = _served_config(monkeypatch, ["--config", str(config), "--served-model-name", "cli",
+                                        "--processor-plugin", "x.y:Z"])
+    assert seen.engine.max_num_seqs == 7  # file
+    assert seen.limits.max_batch_size == 11  # env over file
+    assert seen.served_model_name == "cli"  # flag over file
+    assert seen.seed == 5 and not seen.limits.prompt_logprobs  # env
+    assert not seen.fmaas  # file
+    assert seen.processor_plugins == ["x.y:Z"]  # a list flag on the command line wins whole
+    assert seen.engine.max_num_batched_tokens == 512  # default
+
+
+@pytest.mark.parametrize(("env", "file", "message"), [
+    ({"GENSERVE_MAX_NUM_SEQS": "many"}, "", "GENSERVE_MAX_NUM_SEQS: not an integer"),
+    ({"GENSERVE_FMAAS": "maybe"}, "", "GENSERVE_FMAAS: expected true or false"),
+    ({}, "max-num-seqs: 0\n", "max-num-seqs: must be >= 1"),
+    ({}, "no-such-flag: 1\n", "unknown setting(s) no-such-flag"),
+    ({}, "- a list\n", "expected a mapping"),
+])
+def test_bad_settings_are_usage_errors_naming_their_source(monkeypatch, tmp_path, capsys,
+                                                           env, file, message):
+    config = tmp_path / "c.yaml"
+    config.write_text(file)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--config", str(config)])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
