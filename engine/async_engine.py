@@ -163,6 +163,11 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._post(("abort", request_id))
 
+    def abort_all(self) -> None:
+        """End every request now (finish reason ABORTED): a drain's grace is running out."""
+        for request_id in list(self._waiters):
+            self.abort(request_id)
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
@@ -190,8 +195,10 @@ class AsyncEngine:
         while self._inbox:
             kind, arg = self._inbox.popleft()
             if kind == "abort":
-                self.engine.abort(arg)
-                self._collectors.pop(arg, None)
+                if arg in self.engine.requests:  # its final (ABORTED) output reaches its
+                    self.engine.abort(arg)  # collector with the next step, as any other
+                else:
+                    self._collectors.pop(arg, None)
                 continue
             request_id, prompt, params, max_new, collector = arg
             if request_id in self._waiters:  # else cancelled before it reached the engine

@@ -162,6 +162,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "message, request_id, ...)")
     p.add_argument("--metrics-port", type=non_negative_int, default=9400,
                    help="Prometheus metrics over HTTP on --host at this port; 0 = off")
+    p.add_argument("--health-port", type=non_negative_int, default=None,
+                   help="also serve grpc.health.v1 alone, plaintext, on this port (for "
+                        "Kubernetes gRPC probes when --tls-cert is set); default: off")
     p.add_argument("--tls-cert", default=None, metavar="PEM",
                    help="server certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", default=None, metavar="PEM", help="the private key of --tls-cert")
@@ -320,7 +323,8 @@ def _run_serve(args) -> int:
             metrics_port=args.metrics_port or None, tls_cert=args.tls_cert,
             tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, fmaas=args.fmaas,
             tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs),
-            served_model_name=args.served_model_name, seed=args.seed)
+            served_model_name=args.served_model_name, seed=args.seed,
+            health_port=args.health_port)
     except ValueError as e:
         print(f"genserve serve: error: {e}", file=sys.stderr)
         return 2

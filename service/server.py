@@ -58,6 +58,9 @@ class ServerConfig:
     tls_cert: str | None = None  # PEM server certificate chain; with tls_key: TLS
     tls_key: str | None = None  # PEM private key of tls_cert
     tls_client_ca: str | None = None  # PEM CA bundle: require and verify client certs (mTLS)
+    # plaintext grpc.health.v1 only, on its own port: the kubelet's native gRPC probe cannot
+    # speak TLS; None = off, 0 = any free port
+    health_port: int | None = None
     served_model_name: str | None = None  # the model id clients see; None = the model's
     seed: int | None = None  # seeds the seeds picked for unseeded sampled requests
     fmaas: bool = True  # also serve the TGIS API (fmaas.GenerationService) on the same port
@@ -125,6 +128,8 @@ class GenServer:
             (*self.services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.server)
         self.port = 0
+        self.health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         self._stopped = asyncio.Event()
         self._forced = False
         self._drain_task: asyncio.Task | None = None
@@ -158,6 +163,8 @@ class GenServer:
         log.info("listening on %s:%d (%s)", self.config.host, self.port,
                  "plaintext" if credentials is None else
                  "mTLS" if self.config.tls_client_ca else "TLS")
+        if self.config.health_port is not None:
+            await self._start_health_port()
         if self.config.metrics_port is not None:
             try:
                 self.metrics_port = self.metrics.serve(self.config.host,
@@ -252,20 +259,33 @@ class GenServer:
         log.info("warm-up generation took %.2fs", time.perf_counter() - start)
 
     async def drain(self) -> None:
-        """SIGTERM: stop routing (NOT_SERVING), refuse new calls, finish in-flight ones."""
+        """SIGTERM: NOT_SERVING, GOAWAY at once (clients move to other replicas; new calls
+        are refused), in-flight calls finish within the grace; those still running near
+        its end are ended with finish reason ABORTED, so their clients get what was
+        generated and a reason, not an error."""
         if self.state.draining:
             return
-        log.info("draining: finishing in-flight work within %.0fs", self.config.drain_grace_s)
+        grace = self.config.drain_grace_s
+        log.info("draining: finishing in-flight work within %.0fs", grace)
         self.state.draining = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        deadline = time.monotonic() + self.config.drain_grace_s
-        while self.state.in_flight and time.monotonic() < deadline and not self._forced:
-            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + grace
+        stopping = asyncio.ensure_future(self.server.stop(grace=grace))  # GOAWAY now
+        margin = min(2.0, grace / 4)
+        await self._wait_in_flight(deadline - margin)
+        if self.state.in_flight and self.engine is not None and not self._forced:
+            log.warning("grace running out: ending %d in-flight calls (ABORTED)",
+                        self.state.in_flight)
+            self.engine.abort_all()
+            await self._wait_in_flight(deadline)
         if self.state.in_flight:
             log.warning("cancelling %d in-flight calls", self.state.in_flight)
         # Only quick calls (health watches, Tokenize) can remain: a short grace suffices.
         await self.server.stop(grace=0 if self._forced else
                                min(1.0, max(0.0, deadline - time.monotonic())))
+        await stopping
+        if self.health_server is not None:
+            await self.health_server.stop(grace=0)
         if self._watch_task is not None:
             self._watch_task.cancel()
         if self.engine is not None:
@@ -276,6 +296,21 @@ class GenServer:
         await asyncio.to_thread(self.metrics.stop)
         self._stopped.set()
         log.info("stopped")
+
+    async def _start_health_port(self) -> None:
+        """``grpc.health.v1`` alone, plaintext, sharing the main port's health states."""
+        self.health_server = grpc.aio.server(interceptors=[RpcGuard(self.metrics)])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+        address = f"{self.config.host}:{self.config.health_port}"
+        self.health_port = self.health_server.add_insecure_port(address)
+        if not self.health_port:
+            raise OSError(f"cannot bind the health port {address}")
+        await self.health_server.start()
+        log.info("health checks (plaintext) on %s:%d", self.config.host, self.health_port)
+
+    async def _wait_in_flight(self, until: float) -> None:
+        while self.state.in_flight and time.monotonic() < until and not self._forced:
+            await asyncio.sleep(0.05)
 
     def on_signal(self) -> None:
         """First SIGTERM/SIGINT drains gracefully; a second one cancels in-flight calls."""

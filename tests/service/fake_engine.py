@@ -151,6 +151,10 @@ class FakeEngine:
                                         Usage(prompt_tokens=len(prompt_token_ids)))
         return await collect(self.generate(request_id, prompt_token_ids, params), collector)
 
+    def abort_all(self) -> None:
+        for request_id in list(self._requests):
+            self.abort(request_id)
+
     def abort(self, request_id: str) -> None:
         req = self._requests.get(request_id)
         if req is None:

@@ -332,18 +332,20 @@ def test_queue_full_is_resource_exhausted(make_engine):
 
 
 def test_drain_finishes_in_flight_work_and_refuses_new_calls(make_engine):
-    running, _ = start_server(make_engine(), structured=None)
-    with grpc.insecure_channel(running.address) as ch:
+    running, _ = start_server(make_engine(), structured=None, health_port=0)
+    health_address = f"127.0.0.1:{running.server.health_port}"
+    with grpc.insecure_channel(running.address) as ch, \
+            grpc.insecure_channel(health_address) as health_ch:
         stub = pb_grpc.GenerationServiceStub(ch)
-        health = health_pb2_grpc.HealthStub(ch)
+        health = health_pb2_grpc.HealthStub(health_ch)
         in_flight = stub.Generate.future(_long(120))
         assert wait_until(lambda: running.stats.num_running == 1)
         drained = asyncio.run_coroutine_threadsafe(running.server.drain(), running.loop)
         assert wait_until(lambda: running.server.state.draining)
-        for name in ("", "genserve.v1.GenerationService"):
+        for name in ("", "genserve.v1.GenerationService", "fmaas.GenerationService"):
             assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
                 health_pb2.HealthCheckResponse.NOT_SERVING
-        with pytest.raises(grpc.RpcError) as e:
+        with pytest.raises(grpc.RpcError) as e:  # GOAWAY sent: the main port refuses
             stub.Generate(req())
         assert e.value.code() == Code.UNAVAILABLE
         resp = in_flight.result(60)
@@ -354,18 +356,24 @@ def test_drain_finishes_in_flight_work_and_refuses_new_calls(make_engine):
     running.thread.join(10)
 
 
-def test_drain_cancels_what_outlives_the_grace_period(make_engine):
-    running, _ = start_server(make_engine(), drain_grace_s=0.3, structured=None)
+def test_drain_ends_what_outlives_the_grace_period_as_aborted(make_engine):
+    """Cut at the end of the grace, a stream and a unary call still end normally, with what
+    was generated and finish reason ABORTED (not an error clients read as nothing ran)."""
+    running, _ = start_server(make_engine(), drain_grace_s=0.6, structured=None)
     with grpc.insecure_channel(running.address) as ch:
-        call = pb_grpc.GenerationServiceStub(ch).GenerateStream(
-            pb.GenerateStreamRequest(request=_long()))
-        next(call)
+        stub = pb_grpc.GenerationServiceStub(ch)
+        call = stub.GenerateStream(pb.GenerateStreamRequest(request=_long()))
+        first = next(call)
+        unary = stub.Generate.future(_long())
+        assert wait_until(lambda: running.stats.num_requests == 2)
         start = time.monotonic()
         running.call(running.server.drain)
         assert time.monotonic() - start < 5
-        with pytest.raises(grpc.RpcError) as e:
-            list(call)
-        assert e.value.code() in (Code.CANCELLED, Code.UNAVAILABLE)
+        rest = list(call)
+        assert rest[-1].finish_reason == pb.FINISH_REASON_ABORTED
+        assert len(first.token_ids) + sum(len(c.token_ids) for c in rest) < 240
+        resp = unary.result(10)
+        assert resp.completions[0].finish_reason == pb.FINISH_REASON_ABORTED
     running.loop.call_soon_threadsafe(running.loop.stop)
     running.thread.join(10)
 
