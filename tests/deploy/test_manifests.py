@@ -60,7 +60,7 @@ def _port(container, name: str) -> int:
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("name", ["kubernetes.yaml", "hpa.yaml"])
+@pytest.mark.parametrize("name", ["kubernetes.yaml", "hpa.yaml", "kubernetes-tls.yaml"])
 def test_valid_against_the_kubernetes_schemas(name, version):
     import kubernetes_validate
     from kubernetes_validate.utils import latest_version
@@ -114,9 +114,11 @@ def test_probes_are_grpc_on_the_server_port(container, args):
     assert live["periodSeconds"] * live["failureThreshold"] >= args.drain_grace_seconds
 
 
-def test_termination_grace_exceeds_the_drain_grace(pod, args):
+def test_termination_grace_exceeds_the_prestop_sleep_and_the_drain_grace(pod, args):
     grace = pod["spec"]["terminationGracePeriodSeconds"]
-    assert grace > args.drain_grace_seconds
+    command = pod["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    assert grace > int(command[1]) + args.drain_grace_seconds
     assert "--drain-grace-seconds=30" in pod["spec"]["containers"][0]["args"]
     assert serve_defaults().drain_grace_seconds == 30
 
@@ -200,3 +202,24 @@ def test_readme_points_at_the_manifests():
     readme = (REPO / "README.md").read_text()
     for path in ("deploy/kubernetes.yaml", "deploy/hpa.yaml", "deploy/Dockerfile"):
         assert path in readme
+
+
+def test_tls_variant_probes_a_plaintext_health_port():
+    """With --tls-cert the kubelet's gRPC probe cannot reach the TLS port: every probe goes
+    to --health-port, which the container exposes; the TLS files come from a Secret."""
+    from service.server import SERVICE_NAME
+
+    (deployment,) = _docs("kubernetes-tls.yaml")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    args = serve_args([str(a) for a in container["args"]])
+    assert args.tls_cert and args.tls_key and args.health_port == _port(container, "health")
+    assert args.port == _port(container, "grpc") != args.health_port
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[kind]["grpc"]["port"] == args.health_port, kind
+    assert container["readinessProbe"]["grpc"]["service"] == SERVICE_NAME
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert args.tls_cert.startswith(mounts["tls"]) and args.tls_key.startswith(mounts["tls"])
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "genserve-tls"
+    assert pod["spec"]["terminationGracePeriodSeconds"] > args.drain_grace_seconds + 5

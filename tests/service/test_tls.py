@@ -127,6 +127,16 @@ def mtls_server(pki, tokenizer, tiny_model_dir):
     stop_server(running)
 
 
+@pytest.fixture(scope="module")
+def mtls_server_with_health_port(pki, tokenizer, tiny_model_dir):
+    running, _ = start_server(_engine(tokenizer, tiny_model_dir), structured=None,
+                              tls_cert=pki.write("server.pem", pki.server.cert),
+                              tls_key=pki.write("server.key", pki.server.key),
+                              tls_client_ca=pki.write("ca.pem", pki.ca.cert), health_port=0)
+    yield running
+    stop_server(running)
+
+
 def _req() -> pb.GenerateRequest:
     return pb.GenerateRequest(prompt="Hello TLS", stopping=pb.StoppingCriteria(
         max_new_tokens=4))
@@ -235,3 +245,19 @@ def test_unreadable_key_fails_the_start_naming_the_file(pki, tokenizer, tiny_mod
         asyncio.run_coroutine_threadsafe(server.drain(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_health_port_answers_plaintext_probes_beside_an_mtls_port(mtls_server_with_health_port):
+    """What a kubelet gRPC probe does: plaintext Health/Check, on --health-port, while the
+    main port accepts only mutually authenticated TLS; nothing else is on that port."""
+    running = mtls_server_with_health_port
+    with grpc.insecure_channel(f"127.0.0.1:{running.server.health_port}") as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        for name in ("", "genserve.v1.GenerationService", "fmaas.GenerationService"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING, name
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.GenerationServiceStub(ch).Generate(_req(), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(running.address) as ch, pytest.raises(grpc.RpcError):
+        health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
