@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.compiled_step import WarmupReport
@@ -45,6 +45,8 @@ class AsyncEngine:
         self._inbox: deque[tuple[str, Any]] = deque()
         self._wakeup = threading.Event()
         self._waiters: dict[str, Waiter] = {}  # event-loop side, by request id
+        # called on the engine thread after each step with the tokens it computed
+        self.on_step: Callable[[int], None] | None = None
         self._collectors: dict[str, OutputCollector] = {}  # engine-thread side: unary requests
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -236,6 +238,8 @@ class AsyncEngine:
                 self._drain_inbox(ready)
                 if self.engine.has_work:
                     self._route(self.engine.step(), ready)
+                    if self.on_step is not None and self.engine.last_step_tokens:
+                        self.on_step(self.engine.last_step_tokens)
                     with self._lock:
                         self._waiting_snapshot = self.engine.num_waiting_requests()
                 if ready:

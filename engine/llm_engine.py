@@ -59,6 +59,7 @@ class LLMEngine:
             self.info.spec_method, self.info.spec_k = self.speculator.method, self.speculator.k
             self.runner.max_rows_per_seq = self.speculator.k + 1  # batch expansion's rows
         self.requests: dict[str, Request] = {}
+        self.last_step_tokens = 0  # tokens the last step computed (iteration-tokens metric)
         self._seq_ids = itertools.count()
         self._touched: dict[str, Request] = {}  # requests with output to collect
 
@@ -178,7 +179,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         self._check_time_limits()
         scheduled = self.scheduler.schedule()
+        self.last_step_tokens = sum(s.num_tokens for s in scheduled)
         if scheduled:
+            now = time.monotonic()
+            for s in scheduled:
+                if s.seq.request.times.first_scheduled is None:
+                    s.seq.request.times.first_scheduled = now
             layout = StepLayout.build(scheduled, self._propose(scheduled), self.speculator)
             prepared = (self.processor_runner.prepare(layout.views)
                         if any(v.seq.processors for v in layout.views) else None)
@@ -282,6 +288,8 @@ class LLMEngine:
     def _emit(self, seq: Sequence, token_ids: list[int],
               logprobs: list[TokenLogprob] | None) -> None:
         res = seq.output.append(token_ids)
+        if seq.request.times.first_token is None:
+            seq.request.times.first_token = time.monotonic()
         seq.output_token_ids.extend(res.token_ids)
         seq.request.usage.completion_tokens += len(res.token_ids)
         delta = seq.delta()
@@ -301,10 +309,13 @@ class LLMEngine:
                 s.pending = None
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
+                req.times.finished = time.monotonic()
             out = RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.is_finished,
                                 dataclasses.replace(req.usage))
             if req.prompt_logprobs_ready:
                 out.prompt_logprobs, req.prompt_logprobs_sent = req.prompt_logprobs, True
+            if req.is_finished:
+                out.times = req.times
             outputs.append(out)
         self._touched.clear()
         return outputs
@@ -312,8 +323,11 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         alloc = self.scheduler.allocator
         spec = self.speculator.stats if self.speculator is not None else SpecStats()
+        running = {s.request.request_id for s in list(self.scheduler.running)}
+        waiting = {s.request.request_id for s in list(self.scheduler.waiting)} - running
         return EngineStats(num_running=len(self.scheduler.running),
                            num_waiting=len(self.scheduler.waiting),
+                           num_requests_running=len(running), num_requests_waiting=len(waiting),
                            num_requests=len(self.requests), kv_blocks_total=alloc.num_blocks,
                            kv_blocks_used=alloc.num_used,
                            num_preemptions=self.scheduler.num_preemptions,

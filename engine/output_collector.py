@@ -18,6 +18,7 @@ from engine.outputs import (
     Completion,
     CompletionDelta,
     RequestOutput,
+    RequestTimes,
     TokenLogprob,
     Usage,
 )
@@ -46,6 +47,7 @@ class OutputCollector:
     # sequences got in that step); only steps that produced tokens
     token_times: list[tuple[float, int]] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] | None = None  # when asked for (RequestOutput's)
+    times: RequestTimes | None = None  # the finished output's
     _parts: list[_Parts] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,8 @@ class OutputCollector:
         self.finished = out.finished
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+        if out.times is not None:
+            self.times = out.times
 
     def completions(self) -> list[Completion]:
         out = []

@@ -50,6 +50,17 @@ class Usage:
 
 
 @dataclass
+class RequestTimes:
+    """When a request passed each stage (``time.monotonic()``): the queue, prefill, decode
+    and end-to-end latency metrics are differences of these."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt_token_ids: list[int]
@@ -59,6 +70,7 @@ class RequestOutput:
     # With ``SamplingParams.prompt_logprobs``: prompt tokens 1.. under the positions before
     # them (token 0 has none), once, on the first output after the whole prompt is computed.
     prompt_logprobs: list[TokenLogprob] | None = None
+    times: RequestTimes | None = None  # on the finished output only
 
 
 @dataclass
@@ -94,6 +106,9 @@ class EngineStats:
     kv_blocks_used: int
     num_preemptions: int
     spec: SpecStats = field(default_factory=SpecStats)  # zeros when it does not speculate
+    # requests (not sequences) with a sequence running / with every sequence waiting
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
 
     @property
     def kv_usage(self) -> float:

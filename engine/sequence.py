@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.logits_process import BoundProcessor
-from engine.outputs import CompletionDelta, FinishReason, TokenLogprob, Usage
+from engine.outputs import CompletionDelta, FinishReason, RequestTimes, TokenLogprob, Usage
 from engine.sampling_params import SamplingParams
 from engine.stop_checker import OutputState
 
@@ -83,6 +83,10 @@ class Request:
     # position (a recomputed prefix is not recorded twice); sent once when complete.
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
+    times: RequestTimes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.times = RequestTimes(self.arrival_time)
 
     @property
     def prompt_logprobs_ready(self) -> bool:

@@ -13,11 +13,19 @@ import threading
 from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.outputs import EngineStats
+from engine.outputs import EngineStats, FinishReason, RequestTimes, Usage
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +38,14 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 
                 0.5, 0.75, 1.0, 2.5)
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                     160.0, 320.0)
+# Request lengths in tokens (vLLM's 1-2-5 series).
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 2048, 4096, 8192)
+# vLLM's finished_reason values: our finish reasons as its dashboards count them.
+FINISHED_REASON = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
+                   FinishReason.STOP_TOKEN: "stop", FinishReason.LENGTH: "length",
+                   FinishReason.ABORTED: "abort", FinishReason.TIME_LIMIT: "time_limit",
+                   FinishReason.ERROR: "error"}
 COMPILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)
 
@@ -38,9 +54,10 @@ class EngineCollector(Collector):
     """Gauges and counters computed from ``EngineStats`` (and the server's state) per scrape."""
 
     def __init__(self, stats: Callable[[], EngineStats | None],
-                 in_flight: Callable[[], int]) -> None:
+                 in_flight: Callable[[], int], model_name: Callable[[], str]) -> None:
         self._stats = stats
         self._in_flight = in_flight
+        self._model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("genserve_in_flight_requests",
@@ -55,6 +72,15 @@ class EngineCollector(Collector):
             return
         for kind, name, doc, read in _ENGINE_METRICS:
             yield kind(name, doc, value=read(s))
+        model = self._model_name()
+        for name, doc, value in (
+                ("genserve_num_requests_running", "requests in the running batch (vLLM's "
+                 "num_requests_running)", s.num_requests_running),
+                ("genserve_num_requests_waiting", "requests waiting to be scheduled (vLLM's "
+                 "num_requests_waiting)", s.num_requests_waiting)):
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            yield family
 
 
 def _acceptance(s: EngineStats) -> float:
@@ -90,11 +116,44 @@ _ENGINE_METRICS: list[tuple[Callable[..., Metric], str, str, Callable[[EngineSta
 
 
 class Metrics:
-    """A server's metrics, in a registry of its own (several servers can share a process)."""
+    """A server's metrics, in a registry of its own (several servers can share a process),
+    with the process, platform and Python GC collectors registered in it too."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
+        self.model_name = ""  # set once the model is known (--served-model-name or its id)
+        # vLLM's request metrics, under our prefix, with its shapes and a model_name label
+        m = ["model_name"]
+        self.request_success = Counter(
+            "genserve_request_success", "finished sequences by finished_reason (stop, "
+            "length, abort, time_limit, error)", [*m, "finished_reason"], registry=r)
+        self.e2e_latency = Histogram(
+            "genserve_e2e_request_latency_seconds", "arrival in the engine to the last token",
+            m, buckets=DURATION_BUCKETS, registry=r)
+        self.queue_time = Histogram(
+            "genserve_request_queue_time_seconds", "time waiting before the first scheduled "
+            "step", m, buckets=DURATION_BUCKETS, registry=r)
+        self.prefill_time = Histogram(
+            "genserve_request_prefill_time_seconds", "first scheduled step to the first "
+            "token", m, buckets=DURATION_BUCKETS, registry=r)
+        self.decode_time = Histogram(
+            "genserve_request_decode_time_seconds", "first token to the last", m,
+            buckets=DURATION_BUCKETS, registry=r)
+        self.inference_time = Histogram(
+            "genserve_request_inference_time_seconds", "first scheduled step to the last "
+            "token (prefill + decode)", m, buckets=DURATION_BUCKETS, registry=r)
+        self.request_prompt_tokens = Histogram(
+            "genserve_request_prompt_tokens", "prompt length of finished requests, tokens", m,
+            buckets=TOKEN_BUCKETS, registry=r)
+        self.request_generation_tokens = Histogram(
+            "genserve_request_generation_tokens", "tokens generated by finished requests "
+            "(all their sequences)", m, buckets=TOKEN_BUCKETS, registry=r)
+        self.iteration_tokens = Histogram(
+            "genserve_iteration_tokens", "tokens computed per engine step (prefill chunks, "
+            "decodes and speculative rows)", m, buckets=ITERATION_BUCKETS, registry=r)
         self.requests = Counter("genserve_requests", "RPCs answered, by RPC and gRPC status code",
                                 ["rpc", "code"], registry=r)
         self.batch_items = Counter("genserve_batch_items",
@@ -149,7 +208,31 @@ class Metrics:
 
     def add_engine_collector(self, stats: Callable[[], EngineStats | None],
                              in_flight: Callable[[], int]) -> None:
-        self.registry.register(EngineCollector(stats, in_flight))
+        self.registry.register(EngineCollector(stats, in_flight, lambda: self.model_name))
+
+    def on_step(self, tokens: int) -> None:
+        """AsyncEngine.on_step: called on the engine thread after every step."""
+        self.iteration_tokens.labels(self.model_name).observe(tokens)
+
+    def observe_request(self, times: RequestTimes | None, usage: Usage,
+                        finish_reasons: list[FinishReason]) -> None:
+        """A finished request's stage latencies, lengths and its sequences' finish
+        reasons."""
+        model = self.model_name
+        for reason in finish_reasons:
+            self.request_success.labels(model, FINISHED_REASON[reason]).inc()
+        self.request_prompt_tokens.labels(model).observe(usage.prompt_tokens)
+        self.request_generation_tokens.labels(model).observe(usage.completion_tokens)
+        if times is None or times.finished is None:
+            return
+        self.e2e_latency.labels(model).observe(times.finished - times.arrival)
+        if times.first_scheduled is not None:
+            self.queue_time.labels(model).observe(times.first_scheduled - times.arrival)
+            self.inference_time.labels(model).observe(times.finished - times.first_scheduled)
+            if times.first_token is not None:
+                self.prefill_time.labels(model).observe(
+                    times.first_token - times.first_scheduled)
+                self.decode_time.labels(model).observe(times.finished - times.first_token)
 
     # StructuredOutputs observer protocol (structured.manager.CompileObserver)
     def on_compile(self, backend: str, seconds: float, ok: bool) -> None:

@@ -207,6 +207,8 @@ class GenServer:
         if self.state.draining:
             return self.port
         self.servicer.engine = self.engine
+        self.metrics.model_name = self.config.served_model_name or self.engine.info.model_id
+        self.engine.on_step = self.metrics.on_step
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
         if compile_now:

@@ -316,6 +316,10 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         clock = TokenClock(self.metrics, call.arrival)
         for when, tokens in collector.token_times:
             clock.tick(when, tokens)
+        if collector.finished:
+            self.metrics.observe_request(
+                collector.times, collector.usage,
+                [c.finish_reason for c in collector.completions() if c.finish_reason])
         return collector
 
     async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
@@ -345,12 +349,16 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         clock = TokenClock(self.metrics, call.arrival)
         engine_stream = cast(AsyncGenerator[RequestOutput, None], self._live.generate(
             key, parsed.prompt_token_ids, parsed.params))
+        reasons: list[FinishReason] = []
         async with aclosing(engine_stream) as stream:
             async for out in stream:
                 call.usage[key] = out.usage
                 step = max((len(d.token_ids) for d in out.deltas), default=0)
                 if step:
                     clock.tick(time.perf_counter(), step)
+                reasons.extend(d.finish_reason for d in out.deltas if d.finish_reason)
+                if out.finished:
+                    self.metrics.observe_request(out.times, out.usage, reasons)
                 yield out
 
     # ---- RPCs -----------------------------------------------------------------------
