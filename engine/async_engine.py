@@ -57,7 +57,7 @@ class AsyncEngine:
         # never the scheduler's own containers (iterating those mid-step would race).
         self._lock = threading.Lock()
         self._pending_adds = 0
-        self._waiting_snapshot = 0
+        self._waiting_snapshot = -engine.config.max_num_seqs  # LLMEngine.backlog(): seats
 
     @classmethod
     def from_config(cls, config: EngineConfig,
@@ -212,7 +212,7 @@ class AsyncEngine:
                     ready.append((request_id, e))
             with self._lock:
                 self._pending_adds -= 1
-                self._waiting_snapshot = self.engine.num_waiting_requests()
+                self._waiting_snapshot = self.engine.backlog()
 
     def _route(self, outputs: list[RequestOutput], ready: Ready) -> None:
         """A stream gets every output; a unary request's are merged here and handed over
@@ -241,7 +241,7 @@ class AsyncEngine:
                     if self.on_step is not None and self.engine.last_step_tokens:
                         self.on_step(self.engine.last_step_tokens)
                     with self._lock:
-                        self._waiting_snapshot = self.engine.num_waiting_requests()
+                        self._waiting_snapshot = self.engine.backlog()
                 if ready:
                     loop.call_soon_threadsafe(self._deliver, ready)
                 elif not self.engine.has_work:

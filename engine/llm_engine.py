@@ -88,6 +88,13 @@ class LLMEngine:
     def num_waiting_requests(self) -> int:
         return len({s.request.request_id for s in self.scheduler.waiting})
 
+    def backlog(self) -> int:
+        """Waiting requests beyond the running seats free now (negative: seats to spare).
+        Requests the next step takes at once (a burst arriving between two steps) do not
+        count against ``max_waiting``."""
+        free = max(0, self.config.max_num_seqs - len(self.scheduler.running))
+        return self.num_waiting_requests() - free
+
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, max_new: int | None = None) -> Request:
         """``max_new``: the result of an earlier ``check_request`` (None = check now)."""
@@ -95,7 +102,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already running")
         if max_new is None:
             max_new = self.check_request(prompt_token_ids, params)
-        if self.num_waiting_requests() >= self.config.max_waiting:
+        if self.backlog() >= self.config.max_waiting:
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
         req = Request(request_id, list(prompt_token_ids), params,
                       usage=Usage(prompt_tokens=len(prompt_token_ids)))

@@ -210,3 +210,24 @@ def test_an_engine_crash_fails_unary_callers_too(tiny_model_dir):
 
     results = asyncio.run(main())
     assert all(isinstance(r, EngineDeadError) and "boom" in str(r) for r in results), results
+
+
+def test_a_burst_fills_free_seats_before_the_queue_bound_applies(tiny_model_dir):
+    """max_waiting bounds requests that must wait, not those free seats take at once: a
+    burst of seats + max_waiting requests is admitted whole, one more is refused."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), max_num_seqs=8, max_waiting=2))
+
+    async def main() -> list:
+        ae = AsyncEngine(engine)
+        ae.start()
+
+        async def one(i: int):
+            return await ae.complete(f"b{i}", [5, 6, 7 + i], SamplingParams(max_new_tokens=4))
+
+        results = await asyncio.gather(*(one(i) for i in range(11)), return_exceptions=True)
+        await ae.shutdown()
+        return results
+
+    results = asyncio.run(main())
+    refused = [r for r in results if isinstance(r, QueueFullError)]
+    assert len(refused) == 1, results

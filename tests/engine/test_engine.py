@@ -162,17 +162,18 @@ def test_stop_sequence_and_max_tokens_are_reported(tiny_model_dir, prompt_ids, t
 
 
 def test_invalid_requests_raise_value_error_and_queue_bound_raises(tiny_model_dir):
-    engine = make_engine(tiny_model_dir, max_model_len=64, max_waiting=2)
+    engine = make_engine(tiny_model_dir, max_model_len=64, max_waiting=2, max_num_seqs=1)
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("e", [], SamplingParams())
     with pytest.raises(ValueError, match="vocabulary"):
         engine.add_request("v", [10**7], SamplingParams())
     with pytest.raises(ValueError, match="context"):
         engine.add_request("l", [5] * 64, SamplingParams())
-    engine.add_request("q1", [5, 6], SamplingParams())
-    engine.add_request("q2", [5, 6], SamplingParams())
+    # the free seat takes one at the next step: only the two beyond it wait
+    for rid in ("q1", "q2", "q3"):
+        engine.add_request(rid, [5, 6], SamplingParams())
     with pytest.raises(QueueFullError):
-        engine.add_request("q3", [5, 6], SamplingParams())
+        engine.add_request("q4", [5, 6], SamplingParams())
     with pytest.raises(ValueError, match="already"):
         engine.add_request("q1", [5, 6], SamplingParams())
 
