@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
@@ -183,6 +184,16 @@ async def off_loop_if(big: bool, fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args) if big else fn(*args)
 
 
+# A C++ backend's log prefix: "[02:03:16] /project/cpp/regex_converter.cc:83: "
+_NATIVE_PREFIX = re.compile(r"\[\d{2}:\d{2}:\d{2}\] \S+?\.(?:cc|cpp|cxx|h|hpp):\d+: ")
+
+
+def clean_backend_message(message: str) -> str:
+    """A grammar backend's error without its timestamp and C++ source path (they say
+    nothing to a client and leak the build's file layout)."""
+    return re.sub(r"\s*\n\s*", " ", _NATIVE_PREFIX.sub("", message)).strip()
+
+
 def correlation_id(context) -> str:
     """The caller's ``x-correlation-id`` metadata (TGIS clients send one), or ''."""
     for key, value in context.invocation_metadata() or ():
@@ -300,7 +311,10 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         if self.structured is None:
             raise InvalidArgument("structured_output: structured output is disabled on this "
                                   "server")
-        factory = await self.structured.factory(parsed.structured)
+        try:
+            factory = await self.structured.factory(parsed.structured)
+        except ValueError as e:  # InvalidArgument: the backends' reasons, made readable
+            raise InvalidArgument(clean_backend_message(str(e))) from None
         parsed.params.logits_processors.append(factory)
 
     async def complete(self, parsed: ParsedRequest, call: Call) -> OutputCollector:

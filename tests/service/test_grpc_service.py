@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 
@@ -211,6 +212,18 @@ def test_bad_input_is_invalid_argument_naming_the_field(stub, bad, field):
             call()
         assert e.value.code() == Code.INVALID_ARGUMENT, e.value.details()
         assert field in e.value.details()
+
+
+def test_grammar_errors_carry_no_backend_log_prefix(stub):
+    for so in (pb.StructuredOutput(regex="([a-"),
+               pb.StructuredOutput(grammar='root ::= "a" | '),
+               pb.StructuredOutput(json_schema='{"type": "string", "minLength": "x"}')):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Generate(req(structured_output=so, stopping=STOP4))
+        assert e.value.code() == Code.INVALID_ARGUMENT
+        details = e.value.details()
+        assert ".cc:" not in details and not re.search(r"\[\d\d:\d\d:\d\d\]", details)
+        assert "\n" not in details and details.startswith("structured_output.")
 
 
 def test_truncate_input_tokens_keeps_the_last_tokens(stub):
