@@ -16,9 +16,10 @@ Two jobs that must see each call before and after its handler:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,48 +156,39 @@ class RpcGuard(grpc.aio.ServerInterceptor):
             await _reject(request, context)
             return request
 
-        def finished(context, start: float, failure: BaseException | None) -> None:
-            default = "OK" if failure is None else _failure_code(failure)
-            m.grpc_handled.labels(*labels, _code_name(context, default)).inc()
-            m.grpc_handling.labels(*labels).observe(time.perf_counter() - start)
-
-        async def unary_out(request, context):
+        @contextlib.contextmanager
+        def observed(context) -> Iterator[None]:
+            """Handled count (by final code) and latency of the call it wraps."""
             start, failure = time.perf_counter(), None
             try:
+                yield
+            except BaseException as e:
+                failure = e
+                raise
+            finally:
+                default = "OK" if failure is None else _failure_code(failure)
+                m.grpc_handled.labels(*labels, _code_name(context, default)).inc()
+                m.grpc_handling.labels(*labels).observe(time.perf_counter() - start)
+
+        async def unary_out(request, context):
+            with observed(context):
                 behavior = handler.unary_unary or handler.stream_unary
                 response = await behavior(await accepted(request, context), context)
                 m.grpc_sent.labels(*labels).inc()
                 return response
-            except BaseException as e:
-                failure = e
-                raise
-            finally:
-                finished(context, start, failure)
 
         async def stream_out(request, context):
-            start, failure = time.perf_counter(), None
-            try:
+            with observed(context):
                 behavior = handler.unary_stream or handler.stream_stream
                 async for response in behavior(await accepted(request, context), context):
                     m.grpc_sent.labels(*labels).inc()
                     yield response
-            except BaseException as e:
-                failure = e
-                raise
-            finally:
-                finished(context, start, failure)
 
         async def stream_written(request, context):
             """A streaming handler that writes with ``context.write`` (health's Watch)."""
-            start, failure = time.perf_counter(), None
-            try:
+            with observed(context):
                 behavior = handler.unary_stream or handler.stream_stream
                 await behavior(await accepted(request, context), context)
-            except BaseException as e:
-                failure = e
-                raise
-            finally:
-                finished(context, start, failure)
 
         wrapped: Callable = unary_out
         if handler.response_streaming:
