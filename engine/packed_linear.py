@@ -84,10 +84,17 @@ def pack_linears(model: nn.Module) -> int:
             packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), ROWS_HINT)
             _LAYERS[key] = (packed, mod.bias)
             # A plain instance attribute: nn.Module.__call__ finds it before the class's.
-            mod.__dict__["forward"] = functools.partial(_packed_forward, key)
+            # Packed again, a layer gets the very objects it had (forward, placeholder):
+            # compiled graphs guard on their identity.
+            mod.__dict__["forward"] = mod.__dict__.setdefault(
+                "_genserve_forward", functools.partial(_packed_forward, key))
             if mod.weight.data_ptr() not in shared:
-                placeholder = torch.empty(1, dtype=mod.weight.dtype).expand(mod.weight.shape)
-                mod.weight = nn.Parameter(placeholder, requires_grad=False)
+                if "_genserve_placeholder" not in mod.__dict__:
+                    placeholder = torch.empty(1, dtype=mod.weight.dtype).expand(
+                        mod.weight.shape)
+                    mod.__dict__["_genserve_placeholder"] = nn.Parameter(
+                        placeholder, requires_grad=False)
+                mod.weight = mod.__dict__["_genserve_placeholder"]
             count += 1
     log.info("packed %d linear layers for oneDNN", count)
     return count

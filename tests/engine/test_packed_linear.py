@@ -68,6 +68,24 @@ def test_unpack_restores_the_exact_weights_and_plain_forward():
         assert torch.equal(v, before[k]), k
 
 
+def test_repacking_restores_the_same_objects_compiled_graphs_guard_on():
+    """A compiled step guards on each packed layer's ``forward`` and ``weight`` objects:
+    unpacked and packed again (the benchmark's eager baselines), a layer must get the very
+    same ones, or the next compiled step fails its guards and falls back to eager."""
+    torch.manual_seed(2)
+    model = Tied()
+    pack_linears(model)
+    forward, weight = model.proj.forward, model.proj.weight
+    x = torch.randint(0, 50, (1, 5))
+    with torch.inference_mode():
+        want = model(x)
+        unpack_linears(model)
+        pack_linears(model)
+        got = model(x)
+    assert model.proj.forward is forward and model.proj.weight is weight
+    torch.testing.assert_close(got, want)
+
+
 def test_packing_twice_is_a_no_op():
     model = Tied()
     pack_linears(model)
