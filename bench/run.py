@@ -1,8 +1,11 @@
 """``make bench``: genserve against HF ``generate``, measured side by side in one run.
 
-Absolute speeds on a shared CPU drift by up to 2x between runs, so every figure is also
-given as a ratio to an HF baseline taken minutes earlier in the same process, on the same
-weights (the engine's model switched to stock SDPA attention for the baselines).
+Absolute speeds on a shared CPU drift by up to 2x between runs (and by 20% within one), so
+every figure is also given as a ratio to an HF baseline in the same process, on the same
+weights (the engine's model switched to stock SDPA attention for the baselines). The rows
+the targets compare (HF batch 1, the offline engine at batch 1, one gRPC client; HF static
+32 and 32 gRPC clients) are measured interleaved, A B C A B C, and the median run of each
+kept, so a drift hits both sides of a ratio alike.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,6 +57,17 @@ class Row:
     ttft_p99: float | None = None
     tpot_p50: float | None = None
     ratios: dict[str, float] = field(default_factory=dict)
+
+
+def interleaved(rounds: int, measures: dict[str, Callable[[], Row]]) -> dict[str, Row]:
+    """Each measure run ``rounds`` times in turn (A B C A B C ...), the run of median speed
+    kept: this CPU's speed drifts over minutes, so rows compared as a ratio are taken side
+    by side rather than minutes apart."""
+    runs: dict[str, list[Row]] = {name: [] for name in measures}
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            runs[name].append(measure())
+    return {name: sorted(rs, key=lambda r: r.tok_s)[len(rs) // 2] for name, rs in runs.items()}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -255,17 +270,17 @@ def main(argv: list[str] | None = None) -> None:
     seq_n = 2 if args.quick else 4
 
     engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=64))
-    with stock_transformers(engine.runner.model):
-        hf1 = hf_sequential(engine, seq_n, new)
-        hf32 = hf_static(engine, 32, new)
-    rows = [hf1, hf32]
+
+    def hf(fn: Callable[[LLMEngine, int, int], Row], n: int) -> Callable[[], Row]:
+        def run() -> Row:
+            with stock_transformers(engine.runner.model):
+                return fn(engine, n, new)
+        return run
 
     # What `genserve serve` runs: packed linears (CPU) and the compiled decode step.
     warm = engine.runner.warmup()
     engine_offline(engine, 4, 8)  # warm-up
-    off1 = engine_sequential(engine, seq_n, new)
     off = engine_offline(engine, 32, new)
-    rows += [off1, off]
     graphs, engine.runner.decode_graphs = engine.runner.decode_graphs, None
     # Eager from here: the speculative engines share these weights but not the graphs.
     overlap = processors.measure(
@@ -276,17 +291,24 @@ def main(argv: list[str] | None = None) -> None:
     compiled_res = compiled.measure(engine)
     compiled_res["warmup"] = {"seconds": warm.seconds, "graphs": [
         (g.rows, round(g.seconds, 1), g.status) for g in warm.graphs]}
-    del engine  # free the CPU and memory for the server process
     gc.collect()
     port = free_port()
     RESULTS.mkdir(parents=True, exist_ok=True)
     server = start_server_process(args.model, port, RESULTS / "server.log")
     address = f"127.0.0.1:{port}"
     cli_s = statistics.median(cli_generate_seconds(address) for _ in range(3))
-    g1 = grpc_clients(address, 1, seq_n, new)
+    # The ratios the targets read, taken side by side (the idle engine uses no CPU while
+    # the server runs, and the server none while the engine does).
+    batch1 = interleaved(2 if args.quick else 3, {
+        "hf": hf(hf_sequential, seq_n),
+        "offline": lambda: engine_sequential(engine, seq_n, new),
+        "grpc": lambda: grpc_clients(address, 1, seq_n, new)})
+    batch32 = interleaved(1 if args.quick else 2, {
+        "hf": hf(hf_static, 32), "grpc": lambda: grpc_clients(address, 32, 1, new)})
+    hf1, off1, g1 = batch1["hf"], batch1["offline"], batch1["grpc"]
+    hf32, g32 = batch32["hf"], batch32["grpc"]
     g8 = grpc_clients(address, 8, 2 if not args.quick else 1, new)
-    g32 = grpc_clients(address, 32, 1, new)
-    rows += [g1, g8, g32]
+    rows = [hf1, hf32, off1, off, g1, g8, g32]
     server.proc.send_signal(signal.SIGTERM)
     server.proc.wait(60)
     startup = {"serving_s": server.serving_s, "compiled_s": server.compiled_s,
