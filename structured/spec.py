@@ -6,15 +6,25 @@ from dataclasses import dataclass
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 AUTO = "auto"
+LLGUIDANCE = "llguidance"
 XGRAMMAR = "xgrammar"
 LM_FORMAT_ENFORCER = "lm-format-enforcer"
+
+# Free whitespace a JSON grammar allows between tokens: none (",", ":" only), at most one
+# space or newline, or a bounded run of any JSON whitespace.
+COMPACT = "compact"
+SINGLE = "single"
+FLEXIBLE = "flexible"
+WHITESPACE_MODES = (COMPACT, SINGLE, FLEXIBLE)
+DEFAULT_WHITESPACE = FLEXIBLE
 
 
 @dataclass(frozen=True)
 class StructuredSpec:
     kind: str  # one of KINDS
     value: str | tuple[str, ...] = ""  # schema / regex / EBNF text; choices for "choice"
-    backend: str = AUTO  # AUTO, XGRAMMAR or LM_FORMAT_ENFORCER
+    backend: str = AUTO  # AUTO, LLGUIDANCE, XGRAMMAR or LM_FORMAT_ENFORCER
+    whitespace: str = DEFAULT_WHITESPACE  # one of WHITESPACE_MODES (JSON kinds only)
 
     @property
     def size(self) -> int:
