@@ -80,6 +80,7 @@ def _serve_parser(sub) -> None:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     from service.validation import ServiceLimits
     from structured.manager import StructuredConfig
+    from structured.spec import WHITESPACE_MODES
 
     e, limits = EngineConfig(), ServiceLimits()
     p.add_argument("--config", default=None, metavar="FILE",
@@ -153,6 +154,16 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="most consecutive whitespace characters a JSON output may contain")
     p.add_argument("--structured-cache-size", type=int, default=sc.cache_size,
                    help="compiled grammars kept (LRU)")
+    p.add_argument("--structured-whitespace", choices=WHITESPACE_MODES,
+                   default=sc.default_whitespace,
+                   help="free whitespace in JSON outputs for requests that do not choose")
+    p.add_argument("--structured-compile-workers", type=int, default=sc.compile_workers,
+                   help="worker processes compiling xgrammar / lm-format-enforcer grammars")
+    p.add_argument("--structured-compile-max-rss-mb", type=int, default=sc.compile_max_rss_mb,
+                   help="a compile worker using more memory than this is killed")
+    p.add_argument("--structured-accelerate-after", type=int, default=sc.accelerate_after,
+                   help="auto: requests of one spec before xgrammar builds it in the "
+                        "background (0 = never)")
     p.add_argument("--processor-plugin", action="append", default=[], metavar="MODULE:CLASS",
                    help="register a logits-processor plugin (repeatable); banned_phrases and "
                         "no_repeat_window are built in")
@@ -319,7 +330,11 @@ def _run_serve(args) -> int:
                 max_spec_bytes=args.structured_max_spec_bytes,
                 compile_timeout_s=args.structured_compile_timeout,
                 cache_size=args.structured_cache_size,
-                max_consecutive_whitespace=args.structured_max_whitespace),
+                max_consecutive_whitespace=args.structured_max_whitespace,
+                default_whitespace=args.structured_whitespace,
+                compile_workers=args.structured_compile_workers,
+                compile_max_rss_mb=args.structured_compile_max_rss_mb,
+                accelerate_after=args.structured_accelerate_after),
             metrics_port=args.metrics_port or None, tls_cert=args.tls_cert,
             tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, fmaas=args.fmaas,
             tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs),

@@ -178,6 +178,9 @@ class Metrics:
             "genserve_structured_compile_seconds",
             "structured-output grammar compile time, by backend (failed compiles included)",
             ["backend"], buckets=COMPILE_BUCKETS, registry=r)
+        self.structured_requests = Counter(
+            "genserve_structured_requests", "structured-output requests, by the backend that "
+            "served them", ["backend"], registry=r)
         self.structured_cache_hits = Counter(
             "genserve_structured_cache_hits", "compiled-grammar cache hits, by backend",
             ["backend"], registry=r)
@@ -241,6 +244,9 @@ class Metrics:
     def on_cache_lookup(self, backend: str, hit: bool) -> None:
         (self.structured_cache_hits if hit else self.structured_cache_misses).labels(
             backend).inc()
+
+    def on_served(self, backend: str) -> None:
+        self.structured_requests.labels(backend).inc()
 
     # ---- HTTP -----------------------------------------------------------------------
 

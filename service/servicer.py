@@ -163,6 +163,19 @@ def _usage_pb(u: Usage) -> pb.Usage:
                     spec_accepted_tokens=u.spec_accepted_tokens)
 
 
+def check_structured(parsed: ParsedRequest, c: CompletionDelta, text: str) -> None:
+    """A JSON output whose grammar enforced its schema only in part (lenient llguidance,
+    xgrammar's corners) is checked once it ends at EOS; one that fails the check is
+    reported as such: finish reason ERROR with the reason, its text kept."""
+    if (c.finish_reason is not FinishReason.EOS or parsed.grammar is None
+            or parsed.grammar.check_output is None):
+        return
+    problem = parsed.grammar.check_output(text)
+    if problem:
+        c.finish_reason = FinishReason.ERROR
+        c.error = f"structured_output: {problem}"
+
+
 def _completion_pb(c: Completion, want_ids: bool, texts: TokenTexts) -> pb.Completion:
     return pb.Completion(
         index=c.index, text=c.text, token_ids=c.token_ids if want_ids else [],
@@ -316,6 +329,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         except ValueError as e:  # InvalidArgument: the backends' reasons, made readable
             raise InvalidArgument(clean_backend_message(str(e))) from None
         parsed.params.logits_processors.append(factory)
+        parsed.grammar = factory
 
     async def complete(self, parsed: ParsedRequest, call: Call) -> OutputCollector:
         """A unary request: merged on the engine thread, this coroutine woken once."""
@@ -342,6 +356,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         errors = [c.error for c in completions if c.finish_reason is FinishReason.ERROR]
         if errors:
             raise RequestFailed(grpc.StatusCode.INTERNAL, errors[0] or "generation failed")
+        for c in completions:
+            check_structured(parsed, c, c.text)
         texts = self.texts
         return pb.GenerateResponse(
             request_id=parsed.request_id,
@@ -352,6 +368,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                               if parsed.output.return_prompt_token_ids else []),
             prompt_logprobs=_logprobs_pb(collector.prompt_logprobs or [], texts),
             seed=parsed.seed,
+            structured_backend=parsed.grammar.backend if parsed.grammar else "",
         )
 
     async def stream(self, parsed: ParsedRequest,
@@ -416,8 +433,16 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             error: str | None = None
             texts = self.texts
             first = True
+            so_far: dict[int, list[str]] = {}  # each completion's text, for the schema check
             async with aclosing(self.stream(parsed, call)) as stream:
                 async for out in stream:
+                    for d in out.deltas:
+                        if d.finish_reason is FinishReason.ERROR:  # the engine's: INTERNAL
+                            error = error or d.error
+                    if parsed.grammar is not None and parsed.grammar.check_output:
+                        for d in out.deltas:
+                            so_far.setdefault(d.index, []).append(d.text)
+                            check_structured(parsed, d, "".join(so_far[d.index]))
                     msgs = [self._delta_pb(parsed, d, texts) for d in out.deltas]
                     if first and (parsed.seed is not None or out.prompt_logprobs):
                         if not msgs:
@@ -428,9 +453,6 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                         msgs[0].prompt_logprobs.extend(
                             _logprobs_pb(out.prompt_logprobs or [], texts))
                     first = False
-                    for d in out.deltas:
-                        if d.finish_reason is FinishReason.ERROR:
-                            error = error or d.error
                     if out.finished:
                         if not msgs:
                             msgs.append(pb.GenerateStreamResponse(
@@ -465,6 +487,19 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             tokens = tokenizer.convert_ids_to_tokens(ids) if request.return_tokens else []
             return pb.TokenizeResponse(token_ids=ids, tokens=tokens)
 
+    def _backend_info(self, kinds: dict[str, list[str]]) -> list[pb.StructuredBackendInfo]:
+        stats = self.structured.stats.backends if self.structured else {}
+        out = []
+        for name, k in kinds.items():
+            s = stats.get(name)
+            out.append(pb.StructuredBackendInfo(name=name, kinds=k) if s is None else
+                       pb.StructuredBackendInfo(
+                           name=name, kinds=k, requests=s.requests, compiles=s.compiles,
+                           compile_failures=s.failures,
+                           compile_seconds_total=s.compile_seconds,
+                           compile_seconds_max=s.max_compile_seconds))
+        return out
+
     async def GetModelInfo(self, request, context):
         async with self._call("GetModelInfo", context, generation=False):
             info = self._live.info
@@ -475,8 +510,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
                 structured_backends=list(kinds),
                 speculative=pb.SpeculativeInfo(method=info.spec_method, k=info.spec_k),
-                structured_backend_info=[pb.StructuredBackendInfo(name=n, kinds=k)
-                                         for n, k in kinds.items()],
+                structured_backend_info=self._backend_info(kinds),
                 max_new_tokens=self.limits.max_new_tokens)
 
 

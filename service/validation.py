@@ -12,11 +12,24 @@ from __future__ import annotations
 import random
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engine.config import ModelInfo
 from engine.sampling_params import ParamError, SamplingParams
 from genserve.v1 import generation_pb2 as pb
-from structured.spec import AUTO, LM_FORMAT_ENFORCER, XGRAMMAR, StructuredSpec
+from structured.spec import (
+    AUTO,
+    COMPACT,
+    FLEXIBLE,
+    LLGUIDANCE,
+    LM_FORMAT_ENFORCER,
+    SINGLE,
+    XGRAMMAR,
+    StructuredSpec,
+)
+
+if TYPE_CHECKING:
+    from structured.processor import GrammarFactory
 
 CHAT_ROLES = {"system", "user", "assistant", "tool"}
 MAX_REQUEST_ID_LEN = 256
@@ -88,6 +101,7 @@ class ParsedRequest:
     params: SamplingParams
     output: pb.OutputOptions
     structured: StructuredSpec | None = None
+    grammar: GrammarFactory | None = None  # set once the structured spec is compiled
 
     @property
     def seed(self) -> int | None:
@@ -129,6 +143,13 @@ _BACKENDS = {
     pb.STRUCTURED_BACKEND_UNSPECIFIED: AUTO,
     pb.STRUCTURED_BACKEND_XGRAMMAR: XGRAMMAR,
     pb.STRUCTURED_BACKEND_LM_FORMAT_ENFORCER: LM_FORMAT_ENFORCER,
+    pb.STRUCTURED_BACKEND_LLGUIDANCE: LLGUIDANCE,
+}
+_WHITESPACE = {
+    pb.STRUCTURED_WHITESPACE_UNSPECIFIED: "",  # the server's default
+    pb.STRUCTURED_WHITESPACE_COMPACT: COMPACT,
+    pb.STRUCTURED_WHITESPACE_SINGLE: SINGLE,
+    pb.STRUCTURED_WHITESPACE_FLEXIBLE: FLEXIBLE,
 }
 
 
@@ -138,6 +159,8 @@ def structured_spec(so: pb.StructuredOutput) -> StructuredSpec | None:
         return None
     if so.backend not in _BACKENDS:
         raise InvalidArgument(f"structured_output.backend: unknown value {so.backend}")
+    if so.whitespace not in _WHITESPACE:
+        raise InvalidArgument(f"structured_output.whitespace: unknown value {so.whitespace}")
     if kind == "choice":
         value: str | tuple[str, ...] = tuple(so.choice.choices)
         if not value or not all(value):
@@ -153,7 +176,7 @@ def structured_spec(so: pb.StructuredOutput) -> StructuredSpec | None:
         if kind == "json_schema":
             check_json_depth(text, "structured_output.json_schema")
         value = text
-    return StructuredSpec(kind, value, _BACKENDS[so.backend])
+    return StructuredSpec(kind, value, _BACKENDS[so.backend], _WHITESPACE[so.whitespace])
 
 
 # Which message of the proto a SamplingParams field lives in, for error messages.

@@ -40,7 +40,7 @@ from lmformatenforcer.tokenenforcer import TokenEnforcerTokenizerData
 from lmformatenforcer.tokenizerprefixtree import TokenizerPrefixTreeNode
 
 from structured.grammar import bitmask_words
-from structured.spec import LM_FORMAT_ENFORCER, StructuredSpec
+from structured.spec import COMPACT, LM_FORMAT_ENFORCER, SINGLE, StructuredSpec
 
 
 def build_tokenizer_data(tokenizer, vocab_size: int, eos_token_ids: list[int]
@@ -73,6 +73,32 @@ UNENFORCED_KEYWORDS = frozenset({
     "contains", "prefixItems",
 })
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
+
+
+def without_self_keys(node):
+    """The schema with every ``"self"`` *keyword* dropped (property names kept).
+
+    lm-format-enforcer 0.11.3 builds each schema object with ``JsonSchemaObject(**obj)``,
+    so a ``"self"`` key collides with the constructor's own argument (TypeError). ``self``
+    is no JSON Schema keyword, so dropping it changes nothing that is enforced.
+    """
+    if isinstance(node, list):
+        return [without_self_keys(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "self":
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):  # names -> sub-schemas
+            out[key] = {name: without_self_keys(sub) for name, sub in value.items()}
+        else:
+            out[key] = without_self_keys(value)
+    return out
+
+
+def whitespace_limit(mode: str, max_whitespace: int) -> int:
+    return 0 if mode == COMPACT else 1 if mode == SINGLE else max_whitespace
 
 
 def unenforced_keywords(schema) -> set[str]:
@@ -525,7 +551,7 @@ class LMFEBackend:
                 if unenforced:
                     raise ValueError(f"{self.name} cannot enforce {sorted(unenforced)}; use "
                                      "xgrammar (or auto) for this schema")
-                parser: CharacterLevelParser = JsonSchemaParser(schema)
+                parser: CharacterLevelParser = JsonSchemaParser(without_self_keys(schema))
             elif spec.kind == "json_object":
                 parser = JsonSchemaParser({"type": "object"})
             elif spec.kind == "regex":
@@ -545,7 +571,7 @@ class LMFEBackend:
         except Exception as e:  # the parsers raise assorted errors for unsupported input
             raise ValueError(f"{type(e).__name__}: {e}") from None
         compiled = LMFECompiled(parser, self.shared, self.eos_token_ids, self.vocab_size,
-                                self.max_whitespace)
+                                whitespace_limit(spec.whitespace, self.max_whitespace))
         compiled.new_grammar().fill_bitmask(torch.zeros(1, (self.vocab_size + 31) // 32,
                                                         dtype=torch.int32), 0)  # fail early
         return compiled

@@ -1,26 +1,50 @@
-"""Backends built once per model, compilation off the engine thread, cached and bounded.
+"""Which backend serves a spec, compiled off the engine thread, cached, and never waited on
+for long.
 
-``factory(spec)`` returns the cached ``GrammarFactory`` for (backend, kind, spec), the
-tokenizer being fixed per server. Compilation runs in a worker pool with a time limit; a
-spec that is too big, invalid, unsupported by the chosen backend or too slow to compile is
-a ``ValueError`` (INVALID_ARGUMENT for that request alone). AUTO tries xgrammar, then
-lm-format-enforcer.
+``factory(spec)`` returns the cached ``GrammarFactory`` for (backend, kind, spec,
+whitespace). AUTO, the default:
+
+1. llguidance, in-process: its grammars build lazily in milliseconds under its own fuel
+   limits. A JSON schema it cannot enforce strictly is retried ``lenient`` (the service
+   then validates the output against the schema).
+2. xgrammar, when llguidance cannot enforce the spec: compiled in a worker process that is
+   killed at the time or memory limit (``compile_worker``).
+3. A spec seen ``accelerate_after`` times is compiled with xgrammar in the background
+   (its masks are ~4x cheaper); new sequences switch to it once it is ready.
+
+A spec that is wrong in itself (bad syntax, a ``$ref`` to nothing, unsatisfiable, a
+look-around regex, a grammar that admits no first token) is a ``ValueError`` whichever
+backend is asked: INVALID_ARGUMENT for that request alone. lm-format-enforcer stays
+selectable per request (its parsers are proven in a worker first, then built here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from structured.grammar import StructuredBackend
+from structured.compile_worker import CompileWorkers, WorkerSetup
+from structured.grammar import CompiledGrammar, StructuredBackend
+from structured.llguidance_backend import LLGuidanceBackend, UnsupportedSpec
 from structured.lmfe_backend import LMFEBackend
+from structured.output_check import schema_checker
 from structured.processor import GrammarFactory
-from structured.spec import AUTO, LM_FORMAT_ENFORCER, XGRAMMAR, StructuredSpec
+from structured.spec import (
+    AUTO,
+    DEFAULT_WHITESPACE,
+    LLGUIDANCE,
+    LM_FORMAT_ENFORCER,
+    WHITESPACE_MODES,
+    XGRAMMAR,
+    StructuredSpec,
+)
 from structured.xgrammar_backend import XGrammarBackend
 
 log = logging.getLogger(__name__)
@@ -28,19 +52,36 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StructuredConfig:
-    max_spec_bytes: int = 64 * 1024
+    max_spec_bytes: int = 512 * 1024  # real Kubernetes schemas are 100-250 KB
     compile_timeout_s: float = 10.0
+    compile_max_rss_mb: int = 3072  # a compile worker past this is killed
     cache_size: int = 256
     max_consecutive_whitespace: int = 12
-    compile_threads: int = 2
+    compile_threads: int = 4  # threads that build llguidance grammars or wait on workers
+    compile_workers: int = 1  # processes for xgrammar / lm-format-enforcer compiles
+    accelerate_after: int = 2  # AUTO: requests of one spec before xgrammar builds it; 0 = off
+    accelerate_timeout_s: float = 120.0
+    default_whitespace: str = DEFAULT_WHITESPACE  # for requests that do not choose
 
 
 class CompileObserver(Protocol):
-    """Told of every compile (from a worker thread) and cache lookup, e.g. for metrics."""
+    """Told of every compile (from a worker thread), cache lookup and served request."""
 
     def on_compile(self, backend: str, seconds: float, ok: bool) -> None: ...
 
     def on_cache_lookup(self, backend: str, hit: bool) -> None: ...
+
+    def on_served(self, backend: str) -> None: ...
+
+
+@dataclass
+class BackendStats:
+    """What GetModelInfo reports per backend."""
+    requests: int = 0
+    compiles: int = 0
+    failures: int = 0
+    compile_seconds: float = 0.0  # compile + first mask, summed over successful compiles
+    max_compile_seconds: float = 0.0
 
 
 @dataclass
@@ -48,6 +89,15 @@ class CompileStats:
     compiles: int = 0
     cache_hits: int = 0
     compile_seconds: float = 0.0
+    backends: dict[str, BackendStats] = field(default_factory=dict)
+
+
+@dataclass
+class _AutoEntry:
+    """AUTO's choice for one spec, and its background upgrade to xgrammar."""
+    future: Future
+    requests: int = 0
+    accelerating: bool = False
 
 
 class StructuredOutputs:
@@ -57,16 +107,27 @@ class StructuredOutputs:
         self.vocab_size = vocab_size
         start = time.perf_counter()
         ws = self.config.max_consecutive_whitespace
+        self.llguidance = LLGuidanceBackend(tokenizer, vocab_size, eos_token_ids, ws)
+        self.xgrammar = XGrammarBackend(tokenizer, vocab_size, eos_token_ids, ws)
+        self.lmfe = LMFEBackend(tokenizer, vocab_size, eos_token_ids, ws)
         self.backends: dict[str, StructuredBackend] = {
-            XGRAMMAR: XGrammarBackend(tokenizer, vocab_size, eos_token_ids, ws),
-            LM_FORMAT_ENFORCER: LMFEBackend(tokenizer, vocab_size, eos_token_ids, ws),
-        }
+            LLGUIDANCE: self.llguidance, XGRAMMAR: self.xgrammar, LM_FORMAT_ENFORCER: self.lmfe}
+        self._tokenizer_dir = tempfile.TemporaryDirectory(prefix="genserve-tokenizer-")
+        tokenizer.save_pretrained(self._tokenizer_dir.name)
+        setup = WorkerSetup(self._tokenizer_dir.name, vocab_size, tuple(eos_token_ids), ws)
+        rss = self.config.compile_max_rss_mb << 20
+        self.workers = CompileWorkers(setup, self.config.compile_workers, rss)
+        self.accelerator = (CompileWorkers(WorkerSetup(**{**setup.__dict__, "nice": 15}), 1,
+                                           rss, name="genserve-accelerate")
+                            if self.config.accelerate_after else None)
         log.info("structured-output backends ready in %.1fs: %s", time.perf_counter() - start,
                  ", ".join(self.backends))
         self._pool = ThreadPoolExecutor(self.config.compile_threads,
                                         thread_name_prefix="genserve-compile")
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
-        self.stats = CompileStats()
+        self._auto: OrderedDict[tuple, _AutoEntry] = OrderedDict()
+        self._lock = threading.Lock()  # stats, touched from compile threads
+        self.stats = CompileStats(backends={name: BackendStats() for name in self.backends})
         self.observers: list[CompileObserver] = []
 
     def _notify(self, event: str, *args) -> None:
@@ -79,68 +140,182 @@ class StructuredOutputs:
     def kinds(self) -> dict[str, list[str]]:
         return {name: sorted(b.kinds) for name, b in self.backends.items()}
 
-    def _candidates(self, spec: StructuredSpec) -> list[StructuredBackend]:
-        if spec.backend == AUTO:
-            found = [b for b in self.backends.values() if spec.kind in b.kinds]
-            if not found:
-                raise ValueError(f"structured_output.{spec.kind}: no backend supports it")
-            return found
-        backend = self.backends.get(spec.backend)
-        if backend is None:
-            raise ValueError(f"structured_output.backend: unknown backend {spec.backend!r}")
-        if spec.kind not in backend.kinds:
-            raise ValueError(f"structured_output: backend {backend.name} does not support "
-                             f"kind {spec.kind!r} (it supports {sorted(backend.kinds)})")
-        return [backend]
+    # ---- compiling (compile threads) --------------------------------------------------
 
-    def _compile(self, backend: StructuredBackend, spec: StructuredSpec) -> GrammarFactory:
+    def _build(self, backend: str, spec: StructuredSpec, timeout_s: float | None = None,
+               workers: CompileWorkers | None = None) -> GrammarFactory:
+        """Compile ``spec`` with ``backend`` (blocking), timed and counted."""
+        timeout_s = timeout_s or self.config.compile_timeout_s
         start = time.perf_counter()
+        compiled: CompiledGrammar
+        lenient: list[str] = []
         try:
-            compiled = backend.compile(spec)
+            if backend == LLGUIDANCE:
+                llg = self.llguidance.compile(spec)
+                compiled, lenient = llg, llg.lenient_ignored
+            elif backend == XGRAMMAR:
+                self._check_spec(spec)
+                payload = (workers or self.workers).run(XGRAMMAR, spec, timeout_s)
+                compiled = self.xgrammar.deserialize(payload)
+            else:
+                self._check_spec(spec)
+                self.workers.run(LM_FORMAT_ENFORCER, spec, timeout_s)  # proven bounded
+                compiled = self.lmfe.compile(spec)
         except BaseException:
-            self._notify("on_compile", backend.name, time.perf_counter() - start, False)
+            self._record(backend, time.perf_counter() - start, ok=False)
             raise
-        elapsed = time.perf_counter() - start
-        self.stats.compile_seconds += elapsed
-        self._notify("on_compile", backend.name, elapsed, True)
-        self.stats.compiles += 1
-        return GrammarFactory(compiled, self.vocab_size, backend.name)
+        self._record(backend, time.perf_counter() - start, ok=True)
+        check = (schema_checker(spec, backend, lenient)
+                 if spec.kind == "json_schema" and backend != LM_FORMAT_ENFORCER else None)
+        return GrammarFactory(compiled, self.vocab_size, backend, check, lenient=bool(lenient))
 
-    def _cached(self, backend: StructuredBackend, spec: StructuredSpec) -> Future:
-        key = (backend.name, spec.kind, spec.value)
-        fut = self._cache.get(key)
-        if fut is not None and not (fut.done() and fut.exception() is not None):
-            self._cache.move_to_end(key)
+    def _check_spec(self, spec: StructuredSpec) -> None:
+        """Refuse a spec that is wrong in itself before another backend serves it (e.g.
+        xgrammar accepts a ``$ref`` to a missing definition)."""
+        if spec.kind not in ("json_schema", "regex"):
+            return
+        error, _ = self.llguidance.check(self.llguidance.grammar_text(spec, lenient=True))
+        if error and not isinstance(self.llguidance.classify(error), UnsupportedSpec):
+            raise self.llguidance.classify(error)
+
+    def _record(self, backend: str, seconds: float, ok: bool) -> None:
+        with self._lock:
+            s = self.stats.backends[backend]
+            if ok:
+                s.compiles += 1
+                s.compile_seconds += seconds
+                s.max_compile_seconds = max(s.max_compile_seconds, seconds)
+                self.stats.compiles += 1
+                self.stats.compile_seconds += seconds
+            else:
+                s.failures += 1
+        self._notify("on_compile", backend, seconds, ok)
+
+    def _auto_build(self, spec: StructuredSpec) -> GrammarFactory:
+        """llguidance, else xgrammar in a worker: the first that can enforce the spec."""
+        try:
+            return self._build(LLGUIDANCE, spec)
+        except UnsupportedSpec as e:
+            why = f"{LLGUIDANCE}: {e}"
+        except ValueError as e:
+            if spec.kind != "grammar":  # wrong in itself: no other backend may serve it
+                raise ValueError(f"{LLGUIDANCE}: {e}") from None
+            why = f"{LLGUIDANCE}: {e}"  # our EBNF is xgrammar's dialect: let it try
+        try:
+            return self._build(XGRAMMAR, spec)
+        except ValueError as e:
+            raise ValueError(f"{why}; {XGRAMMAR}: {e}") from None
+
+    # ---- the cache (event loop) -------------------------------------------------------
+
+    def _lookup(self, cache: OrderedDict, key: tuple) -> object | None:
+        entry = cache.get(key)
+        if entry is None:
+            return None
+        fut = entry.future if isinstance(entry, _AutoEntry) else entry
+        if fut.done() and fut.exception() is not None:
+            del cache[key]  # failed compiles are retried (a killed one may pass later)
+            return None
+        cache.move_to_end(key)
+        return entry
+
+    def _store(self, cache: OrderedDict, key: tuple, entry: object) -> None:
+        cache[key] = entry
+        while len(cache) > self.config.cache_size:
+            cache.popitem(last=False)
+
+    def _cached(self, backend: str, spec: StructuredSpec) -> Future:
+        key = (backend, spec.kind, spec.value, spec.whitespace)
+        fut = self._lookup(self._cache, key)
+        self._notify("on_cache_lookup", backend, fut is not None)
+        if fut is None:
+            fut = self._pool.submit(self._build, backend, spec)
+            self._store(self._cache, key, fut)
+        else:
             self.stats.cache_hits += 1
-            self._notify("on_cache_lookup", backend.name, True)
-            return fut
-        self._notify("on_cache_lookup", backend.name, False)
-        fut = self._pool.submit(self._compile, backend, spec)
-        self._cache[key] = fut
-        while len(self._cache) > self.config.cache_size:
-            self._cache.popitem(last=False)
+        assert isinstance(fut, Future)
         return fut
 
+    def _cached_auto(self, spec: StructuredSpec) -> Future:
+        key = (spec.kind, spec.value, spec.whitespace)
+        entry = self._lookup(self._auto, key)
+        self._notify("on_cache_lookup", AUTO, entry is not None)
+        if entry is None:
+            entry = _AutoEntry(self._pool.submit(self._auto_build, spec))
+            self._store(self._auto, key, entry)
+        else:
+            self.stats.cache_hits += 1
+        assert isinstance(entry, _AutoEntry)
+        entry.requests += 1
+        self._maybe_accelerate(entry, spec)
+        return entry.future
+
+    def _maybe_accelerate(self, entry: _AutoEntry, spec: StructuredSpec) -> None:
+        """A spec llguidance serves and clients keep sending: build it with xgrammar in the
+        background (lowest priority, long time limit); once ready, it serves new
+        sequences (the sequences already running keep their llguidance grammar)."""
+        if (self.accelerator is None or entry.accelerating
+                or entry.requests < self.config.accelerate_after
+                or not entry.future.done() or entry.future.exception() is not None
+                or entry.future.result().backend != LLGUIDANCE):
+            return
+        entry.accelerating = True
+
+        def build() -> None:
+            try:
+                factory = self._build(XGRAMMAR, spec, self.config.accelerate_timeout_s,
+                                      self.accelerator)
+            except ValueError as e:
+                log.info("xgrammar could not accelerate a %s spec: %s", spec.kind, e)
+                return
+            done: Future = Future()
+            done.set_result(factory)
+            entry.future = done  # a plain swap: readers see the old or the new factory
+
+        self._pool.submit(build)
+
     async def factory(self, spec: StructuredSpec) -> GrammarFactory:
+        if not spec.whitespace:
+            spec = replace(spec, whitespace=self.config.default_whitespace)
+        if spec.whitespace not in WHITESPACE_MODES:
+            raise ValueError(f"structured_output.whitespace: unknown mode {spec.whitespace!r} "
+                             f"(one of {', '.join(WHITESPACE_MODES)})")
         if spec.size > self.config.max_spec_bytes:
             raise ValueError(f"structured_output.{spec.kind} is {spec.size} bytes; the limit "
                              f"is {self.config.max_spec_bytes}")
         if spec.kind == "choice" and (not spec.value or not all(spec.value)):
             raise ValueError("structured_output.choice needs at least one non-empty choice")
-        errors = []
-        for backend in self._candidates(spec):
-            fut = self._cached(backend, spec)
-            try:
-                # shield: one caller's timeout must not cancel a compile others await
-                return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)),
-                                              self.config.compile_timeout_s)
-            except TimeoutError:
-                errors.append(f"{backend.name}: compiling took longer than "
-                              f"{self.config.compile_timeout_s:g}s")
-                self._cache.pop((backend.name, spec.kind, spec.value), None)
-            except ValueError as e:
-                errors.append(f"{backend.name}: {e}")
-        raise ValueError(f"structured_output.{spec.kind} is invalid: " + "; ".join(errors))
+        if spec.backend == AUTO:
+            fut = self._cached_auto(spec)
+        else:
+            backend = self.backends.get(spec.backend)
+            if backend is None:
+                raise ValueError(f"structured_output.backend: unknown backend "
+                                 f"{spec.backend!r}")
+            if spec.kind not in backend.kinds:
+                raise ValueError(f"structured_output: backend {backend.name} does not support "
+                                 f"kind {spec.kind!r} (it supports {sorted(backend.kinds)})")
+            fut = self._cached(spec.backend, spec)
+        try:
+            # shield: one caller's cancellation must not cancel a compile others await;
+            # the workers enforce the time limit, this only bounds a wedged thread.
+            factory = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)),
+                                             self.config.compile_timeout_s + 30)
+        except TimeoutError:
+            raise ValueError(f"structured_output.{spec.kind}: compiling took too long"
+                             ) from None
+        except ValueError as e:
+            where = "" if spec.backend == AUTO else f"{spec.backend}: "
+            raise ValueError(f"structured_output.{spec.kind} is invalid: {where}{e}") from None
+        with self._lock:
+            self.stats.backends[factory.backend].requests += 1
+        self._notify("on_served", factory.backend)
+        return factory
 
     def close(self) -> None:
+        """Kill every compile now: shutdown never waits on one."""
+        self.workers.close()
+        if self.accelerator is not None:
+            self.accelerator.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._tokenizer_dir.cleanup()

@@ -15,6 +15,7 @@ import torch
 import xgrammar as xgr
 
 from structured.grammar import CompiledGrammar, Grammar, bitmask_words
+from structured.output_check import OutputCheck
 
 
 class GrammarProcessor:
@@ -72,12 +73,18 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 class GrammarFactory:
-    """Shared by every request with the same compiled spec, so their rows batch together."""
+    """Shared by every request with the same compiled spec, so their rows batch together.
 
-    def __init__(self, compiled: CompiledGrammar, vocab_size: int, backend: str) -> None:
+    ``check_output`` (JSON schemas a backend may enforce only in part) is for the service
+    to run on each finished output."""
+
+    def __init__(self, compiled: CompiledGrammar, vocab_size: int, backend: str,
+                 check_output: OutputCheck | None = None, lenient: bool = False) -> None:
         self.compiled = compiled
         self.vocab_size = vocab_size
         self.backend = backend
+        self.check_output = check_output
+        self.lenient = lenient
         self._pool: list[Grammar] = []
         self.created = self.released = 0
 

@@ -24,7 +24,8 @@ class StructuredSpec:
     kind: str  # one of KINDS
     value: str | tuple[str, ...] = ""  # schema / regex / EBNF text; choices for "choice"
     backend: str = AUTO  # AUTO, LLGUIDANCE, XGRAMMAR or LM_FORMAT_ENFORCER
-    whitespace: str = DEFAULT_WHITESPACE  # one of WHITESPACE_MODES (JSON kinds only)
+    # one of WHITESPACE_MODES (JSON kinds only); "" = the server's default
+    whitespace: str = ""
 
     @property
     def size(self) -> int:

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
-from structured.spec import XGRAMMAR, StructuredSpec
+from structured.grammar import bitmask_words
+from structured.spec import COMPACT, SINGLE, XGRAMMAR, StructuredSpec
 
 
 def choice_ebnf(choices: Sequence[str]) -> str:
@@ -59,17 +60,42 @@ class XGrammarCompiled:
     def new_grammar(self) -> XGrammarGrammar:
         return XGrammarGrammar(xgr.GrammarMatcher(self.compiled))
 
+    def check_first_mask(self, vocab_size: int) -> None:
+        """A grammar with no first token (a schema whose $ref only loops) is refused."""
+        bitmask = torch.zeros(1, bitmask_words(vocab_size), dtype=torch.int32)
+        self.new_grammar().fill_bitmask(bitmask, 0)
+        if not bool(bitmask.any()):
+            raise ValueError("the grammar admits no output (no token can start it)")
+
+
+def json_options(whitespace: str, max_whitespace: int) -> dict:
+    if whitespace == COMPACT:
+        return {"any_whitespace": False, "separators": (",", ":")}
+    return {"any_whitespace": True,
+            "max_whitespace_cnt": 1 if whitespace == SINGLE else max_whitespace}
+
 
 class XGrammarBackend:
     name = XGRAMMAR
     kinds = frozenset({"json_schema", "json_object", "regex", "choice", "grammar"})
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int],
-                 max_whitespace: int) -> None:
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=eos_token_ids)
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                 max_whitespace: int, cache_bytes: int = 0) -> None:
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                       stop_token_ids=eos_token_ids)
+        # The cache shares the costly counted-repetition masks (string max/minLength)
+        # across schemas: on in the compile workers, bounded by ``cache_bytes``.
+        self.compiler = xgr.GrammarCompiler(
+            self.info, max_threads=1, cache_enabled=cache_bytes > 0,
+            cache_limit_bytes=cache_bytes if cache_bytes > 0 else -1)
+        self.vocab_size = vocab_size
         self.max_whitespace = max_whitespace
+
+    def deserialize(self, payload: str) -> XGrammarCompiled:
+        """A grammar compiled in a worker process (``serialize_json``), ready to serve."""
+        compiled = XGrammarCompiled(xgr.CompiledGrammar.deserialize_json(payload, self.info))
+        compiled.check_first_mask(self.vocab_size)
+        return compiled
 
     def compile(self, spec: StructuredSpec) -> XGrammarCompiled:
         try:
@@ -77,11 +103,10 @@ class XGrammarBackend:
                 assert isinstance(spec.value, str)
                 json.loads(spec.value)  # a clear error for bad JSON before xgrammar's
                 out = self.compiler.compile_json_schema(
-                    spec.value, any_whitespace=True, max_whitespace_cnt=self.max_whitespace)
+                    spec.value, **json_options(spec.whitespace, self.max_whitespace))
             elif spec.kind == "json_object":
                 out = self.compiler.compile_json_schema(
-                    '{"type": "object"}', any_whitespace=True,
-                    max_whitespace_cnt=self.max_whitespace)
+                    '{"type": "object"}', **json_options(spec.whitespace, self.max_whitespace))
             elif spec.kind == "regex":
                 assert isinstance(spec.value, str)
                 out = self.compiler.compile_regex(spec.value)
@@ -94,4 +119,6 @@ class XGrammarBackend:
             raise ValueError(f"not valid JSON: {e}") from None
         except (RuntimeError, ValueError, TypeError) as e:
             raise ValueError(str(e).strip().splitlines()[0][:500]) from None
-        return XGrammarCompiled(out)
+        compiled = XGrammarCompiled(out)
+        compiled.check_first_mask(self.vocab_size)
+        return compiled

@@ -15,6 +15,7 @@ from structured.manager import StructuredConfig
 from tests.service.conftest import start_server, stop_server
 
 XG = pb.STRUCTURED_BACKEND_XGRAMMAR
+LLG = pb.STRUCTURED_BACKEND_LLGUIDANCE
 LMFE = pb.STRUCTURED_BACKEND_LM_FORMAT_ENFORCER
 # ~12 KB of patterned fields: xgrammar needs seconds to compile it (measured ~3 s).
 SLOW_SCHEMA = json.dumps({"type": "object", "required": [f"f{i}" for i in range(150)],
@@ -45,13 +46,14 @@ def req(so: pb.StructuredOutput, prompt="Answer:", max_new=24) -> pb.GenerateReq
 
 def test_model_info_lists_backends_and_kinds(stub):
     info = stub.GetModelInfo(pb.GetModelInfoRequest())
-    assert list(info.structured_backends) == ["xgrammar", "lm-format-enforcer"]
+    assert list(info.structured_backends) == ["llguidance", "xgrammar", "lm-format-enforcer"]
     kinds = {b.name: set(b.kinds) for b in info.structured_backend_info}
     assert kinds["xgrammar"] == {"json_schema", "json_object", "regex", "choice", "grammar"}
+    assert kinds["llguidance"] == kinds["xgrammar"]
     assert "grammar" not in kinds["lm-format-enforcer"]
 
 
-@pytest.mark.parametrize("backend", [XG, LMFE, pb.STRUCTURED_BACKEND_UNSPECIFIED])
+@pytest.mark.parametrize("backend", [LLG, XG, LMFE, pb.STRUCTURED_BACKEND_UNSPECIFIED])
 def test_choice_and_regex_hold_even_for_a_random_model(stub, backend):
     choices = ["alpha", "beta", "gamma delta"]
     for i in range(3):

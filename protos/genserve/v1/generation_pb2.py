@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgenserve/v1/generation.proto\x12\x0bgenserve.v1\"\xec\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x31\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x15.genserve.v1.TokenIdsH\x00\x12)\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x19.genserve.v1.ChatMessagesH\x00\x12\x1d\n\x15truncate_input_tokens\x18\x05 \x01(\r\x12\x31\n\x08sampling\x18\x06 \x01(\x0b\x32\x1f.genserve.v1.SamplingParameters\x12/\n\x08stopping\x18\x07 \x01(\x0b\x32\x1d.genserve.v1.StoppingCriteria\x12\x38\n\x11structured_output\x18\x08 \x01(\x0b\x32\x1d.genserve.v1.StructuredOutput\x12*\n\x06output\x18\t \x01(\x0b\x32\x1a.genserve.v1.OutputOptions\x12\x34\n\x0bspeculative\x18\n \x01(\x0b\x32\x1f.genserve.v1.SpeculativeOptions\x12-\n\nprocessors\x18\x0b \x03(\x0b\x32\x19.genserve.v1.ProcessorRefB\x07\n\x05input\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"Y\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.genserve.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\x92\x03\n\x12SamplingParameters\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x16\n\ttypical_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x08\x88\x01\x01\x12\x0e\n\x01n\x18\n \x01(\rH\t\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x0c\n\n_typical_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x04\n\x02_n\"\xd4\x01\n\x10StoppingCriteria\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0emin_new_tokens\x18\x02 \x01(\r\x12\x16\n\x0estop_sequences\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\x1d\n\x15include_stop_sequence\x18\x06 \x01(\x08\x12\x15\n\rtime_limit_ms\x18\x07 \x01(\rB\x11\n\x0f_max_new_tokens\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xc8\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12)\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x17.genserve.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12/\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x1e.genserve.v1.StructuredBackendB\x06\n\x04kind\"\x8b\x01\n\rOutputOptions\x12\x10\n\x08logprobs\x18\x01 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x02 \x01(\r\x12\x18\n\x10return_token_ids\x18\x03 \x01(\x08\x12\x1f\n\x17return_prompt_token_ids\x18\x04 \x01(\x08\x12\x17\n\x0fprompt_logprobs\x18\x05 \x01(\x08\"6\n\x12SpeculativeOptions\x12\x14\n\x07\x65nabled\x18\x01 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_enabled\"/\n\x0cProcessorRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\"s\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.genserve.v1.TopLogprob\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x0c\n\x04rank\x18\x05 \x01(\r\"\xc1\x01\n\nCompletion\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.genserve.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x05 \x01(\t\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"u\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14spec_proposed_tokens\x18\x03 \x01(\r\x12\x1c\n\x14spec_accepted_tokens\x18\x04 \x01(\r\"\xe1\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x17.genserve.v1.Completion\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.genserve.v1.Usage\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x32\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"F\n\x14GenerateBatchRequest\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.genserve.v1.GenerateRequest\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x7f\n\x0b\x42\x61tchResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1d.genserve.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.genserve.v1.ErrorH\x00\x42\t\n\x07outcome\"B\n\x15GenerateBatchResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.genserve.v1.BatchResult\"F\n\x15GenerateStreamRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.genserve.v1.GenerateRequest\"\xd4\x02\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.genserve.v1.FinishReason\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.genserve.v1.Usage\x12\x15\n\rstop_sequence\x18\x07 \x01(\t\x12+\n\x08logprobs\x18\x08 \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x32\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\x11\n\x04seed\x18\x0b \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"6\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x15\n\rreturn_tokens\x18\x02 \x01(\x08\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\",\n\x0fSpeculativeInfo\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\"\x97\x02\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1b\n\x13structured_backends\x18\x05 \x03(\t\x12\x31\n\x0bspeculative\x18\x06 \x01(\x0b\x32\x1c.genserve.v1.SpeculativeInfo\x12\x43\n\x17structured_backend_info\x18\x07 \x03(\x0b\x32\".genserve.v1.StructuredBackendInfo\x12\x16\n\x0emax_new_tokens\x18\x08 \x01(\r\"4\n\x15StructuredBackendInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t*\x83\x01\n\x11StructuredBackend\x12\"\n\x1eSTRUCTURED_BACKEND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSTRUCTURED_BACKEND_XGRAMMAR\x10\x01\x12)\n%STRUCTURED_BACKEND_LM_FORMAT_ENFORCER\x10\x02*\xef\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x03\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x04\x12\x1c\n\x18\x46INISH_REASON_TIME_LIMIT\x10\x05\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x06\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x07\x32\xaf\x03\n\x11GenerationService\x12G\n\x08Generate\x12\x1c.genserve.v1.GenerateRequest\x1a\x1d.genserve.v1.GenerateResponse\x12V\n\rGenerateBatch\x12!.genserve.v1.GenerateBatchRequest\x1a\".genserve.v1.GenerateBatchResponse\x12[\n\x0eGenerateStream\x12\".genserve.v1.GenerateStreamRequest\x1a#.genserve.v1.GenerateStreamResponse0\x01\x12G\n\x08Tokenize\x12\x1c.genserve.v1.TokenizeRequest\x1a\x1d.genserve.v1.TokenizeResponse\x12S\n\x0cGetModelInfo\x12 .genserve.v1.GetModelInfoRequest\x1a!.genserve.v1.GetModelInfoResponseBc\n\x0f\x64\x65v.genserve.v1B\x0fGenerationProtoP\x01Z=github.com/genserve/genserve/clients/go/genservev1;genservev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cgenserve/v1/generation.proto\x12\x0bgenserve.v1\"\xec\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\x31\n\x10prompt_token_ids\x18\x03 \x01(\x0b\x32\x15.genserve.v1.TokenIdsH\x00\x12)\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x19.genserve.v1.ChatMessagesH\x00\x12\x1d\n\x15truncate_input_tokens\x18\x05 \x01(\r\x12\x31\n\x08sampling\x18\x06 \x01(\x0b\x32\x1f.genserve.v1.SamplingParameters\x12/\n\x08stopping\x18\x07 \x01(\x0b\x32\x1d.genserve.v1.StoppingCriteria\x12\x38\n\x11structured_output\x18\x08 \x01(\x0b\x32\x1d.genserve.v1.StructuredOutput\x12*\n\x06output\x18\t \x01(\x0b\x32\x1a.genserve.v1.OutputOptions\x12\x34\n\x0bspeculative\x18\n \x01(\x0b\x32\x1f.genserve.v1.SpeculativeOptions\x12-\n\nprocessors\x18\x0b \x03(\x0b\x32\x19.genserve.v1.ProcessorRefB\x07\n\x05input\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"Y\n\x0c\x43hatMessages\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.genserve.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x02 \x01(\x08\"\x92\x03\n\x12SamplingParameters\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_k\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x16\n\ttypical_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x08\x88\x01\x01\x12\x0e\n\x01n\x18\n \x01(\rH\t\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x0c\n\n_typical_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x07\n\x05_seedB\x04\n\x02_n\"\xd4\x01\n\x10StoppingCriteria\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x16\n\x0emin_new_tokens\x18\x02 \x01(\r\x12\x16\n\x0estop_sequences\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\x1d\n\x15include_stop_sequence\x18\x06 \x01(\x08\x12\x15\n\rtime_limit_ms\x18\x07 \x01(\rB\x11\n\x0f_max_new_tokens\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xff\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12)\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x17.genserve.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12/\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x1e.genserve.v1.StructuredBackend\x12\x35\n\nwhitespace\x18\x07 \x01(\x0e\x32!.genserve.v1.StructuredWhitespaceB\x06\n\x04kind\"\x8b\x01\n\rOutputOptions\x12\x10\n\x08logprobs\x18\x01 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x02 \x01(\r\x12\x18\n\x10return_token_ids\x18\x03 \x01(\x08\x12\x1f\n\x17return_prompt_token_ids\x18\x04 \x01(\x08\x12\x17\n\x0fprompt_logprobs\x18\x05 \x01(\x08\"6\n\x12SpeculativeOptions\x12\x14\n\x07\x65nabled\x18\x01 \x01(\x08H\x00\x88\x01\x01\x42\n\n\x08_enabled\"/\n\x0cProcessorRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\"s\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12$\n\x03top\x18\x03 \x03(\x0b\x32\x17.genserve.v1.TopLogprob\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x0c\n\x04rank\x18\x05 \x01(\r\"\xc1\x01\n\nCompletion\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.genserve.v1.FinishReason\x12\x15\n\rstop_sequence\x18\x05 \x01(\t\x12+\n\x08logprobs\x18\x06 \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"u\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14spec_proposed_tokens\x18\x03 \x01(\r\x12\x1c\n\x14spec_accepted_tokens\x18\x04 \x01(\r\"\xfd\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x17.genserve.v1.Completion\x12!\n\x05usage\x18\x03 \x01(\x0b\x32\x12.genserve.v1.Usage\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\r\x12\x32\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\x11\n\x04seed\x18\x06 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\x12structured_backend\x18\x07 \x01(\tB\x07\n\x05_seed\"F\n\x14GenerateBatchRequest\x12.\n\x08requests\x18\x01 \x03(\x0b\x32\x1c.genserve.v1.GenerateRequest\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x7f\n\x0b\x42\x61tchResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1d.genserve.v1.GenerateResponseH\x00\x12#\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x12.genserve.v1.ErrorH\x00\x42\t\n\x07outcome\"B\n\x15GenerateBatchResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.genserve.v1.BatchResult\"F\n\x15GenerateStreamRequest\x12-\n\x07request\x18\x01 \x01(\x0b\x32\x1c.genserve.v1.GenerateRequest\"\xd4\x02\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\x30\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x19.genserve.v1.FinishReason\x12!\n\x05usage\x18\x06 \x01(\x0b\x32\x12.genserve.v1.Usage\x12\x15\n\rstop_sequence\x18\x07 \x01(\t\x12+\n\x08logprobs\x18\x08 \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x32\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x19.genserve.v1.TokenLogprob\x12\x11\n\x04seed\x18\x0b \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"6\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x15\n\rreturn_tokens\x18\x02 \x01(\x08\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0e\n\x06tokens\x18\x02 \x03(\t\"\x15\n\x13GetModelInfoRequest\",\n\x0fSpeculativeInfo\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\"\x97\x02\n\x14GetModelInfoResponse\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\reos_token_ids\x18\x04 \x03(\r\x12\x1b\n\x13structured_backends\x18\x05 \x03(\t\x12\x31\n\x0bspeculative\x18\x06 \x01(\x0b\x32\x1c.genserve.v1.SpeculativeInfo\x12\x43\n\x17structured_backend_info\x18\x07 \x03(\x0b\x32\".genserve.v1.StructuredBackendInfo\x12\x16\n\x0emax_new_tokens\x18\x08 \x01(\r\"\xae\x01\n\x15StructuredBackendInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12\x10\n\x08\x63ompiles\x18\x04 \x01(\x04\x12\x18\n\x10\x63ompile_failures\x18\x05 \x01(\x04\x12\x1d\n\x15\x63ompile_seconds_total\x18\x06 \x01(\x01\x12\x1b\n\x13\x63ompile_seconds_max\x18\x07 \x01(\x01*\xa6\x01\n\x11StructuredBackend\x12\"\n\x1eSTRUCTURED_BACKEND_UNSPECIFIED\x10\x00\x12\x1f\n\x1bSTRUCTURED_BACKEND_XGRAMMAR\x10\x01\x12)\n%STRUCTURED_BACKEND_LM_FORMAT_ENFORCER\x10\x02\x12!\n\x1dSTRUCTURED_BACKEND_LLGUIDANCE\x10\x03*\xa6\x01\n\x14StructuredWhitespace\x12%\n!STRUCTURED_WHITESPACE_UNSPECIFIED\x10\x00\x12!\n\x1dSTRUCTURED_WHITESPACE_COMPACT\x10\x01\x12 \n\x1cSTRUCTURED_WHITESPACE_SINGLE\x10\x02\x12\"\n\x1eSTRUCTURED_WHITESPACE_FLEXIBLE\x10\x03*\xef\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x03\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x04\x12\x1c\n\x18\x46INISH_REASON_TIME_LIMIT\x10\x05\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x06\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x07\x32\xaf\x03\n\x11GenerationService\x12G\n\x08Generate\x12\x1c.genserve.v1.GenerateRequest\x1a\x1d.genserve.v1.GenerateResponse\x12V\n\rGenerateBatch\x12!.genserve.v1.GenerateBatchRequest\x1a\".genserve.v1.GenerateBatchResponse\x12[\n\x0eGenerateStream\x12\".genserve.v1.GenerateStreamRequest\x1a#.genserve.v1.GenerateStreamResponse0\x01\x12G\n\x08Tokenize\x12\x1c.genserve.v1.TokenizeRequest\x1a\x1d.genserve.v1.TokenizeResponse\x12S\n\x0cGetModelInfo\x12 .genserve.v1.GetModelInfoRequest\x1a!.genserve.v1.GetModelInfoResponseBc\n\x0f\x64\x65v.genserve.v1B\x0fGenerationProtoP\x01Z=github.com/genserve/genserve/clients/go/genservev1;genservev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,10 +32,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'genserve.v1.generation_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017dev.genserve.v1B\017GenerationProtoP\001Z=github.com/genserve/genserve/clients/go/genservev1;genservev1'
-  _globals['_STRUCTUREDBACKEND']._serialized_start=3767
-  _globals['_STRUCTUREDBACKEND']._serialized_end=3898
-  _globals['_FINISHREASON']._serialized_start=3901
-  _globals['_FINISHREASON']._serialized_end=4140
+  _globals['_STRUCTUREDBACKEND']._serialized_start=3973
+  _globals['_STRUCTUREDBACKEND']._serialized_end=4139
+  _globals['_STRUCTUREDWHITESPACE']._serialized_start=4142
+  _globals['_STRUCTUREDWHITESPACE']._serialized_end=4308
+  _globals['_FINISHREASON']._serialized_start=4311
+  _globals['_FINISHREASON']._serialized_end=4550
   _globals['_GENERATEREQUEST']._serialized_start=46
   _globals['_GENERATEREQUEST']._serialized_end=538
   _globals['_TOKENIDS']._serialized_start=540
@@ -51,47 +53,47 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHOICELIST']._serialized_start=1322
   _globals['_CHOICELIST']._serialized_end=1351
   _globals['_STRUCTUREDOUTPUT']._serialized_start=1354
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1554
-  _globals['_OUTPUTOPTIONS']._serialized_start=1557
-  _globals['_OUTPUTOPTIONS']._serialized_end=1696
-  _globals['_SPECULATIVEOPTIONS']._serialized_start=1698
-  _globals['_SPECULATIVEOPTIONS']._serialized_end=1752
-  _globals['_PROCESSORREF']._serialized_start=1754
-  _globals['_PROCESSORREF']._serialized_end=1801
-  _globals['_TOPLOGPROB']._serialized_start=1803
-  _globals['_TOPLOGPROB']._serialized_end=1864
-  _globals['_TOKENLOGPROB']._serialized_start=1866
-  _globals['_TOKENLOGPROB']._serialized_end=1981
-  _globals['_COMPLETION']._serialized_start=1984
-  _globals['_COMPLETION']._serialized_end=2177
-  _globals['_USAGE']._serialized_start=2179
-  _globals['_USAGE']._serialized_end=2296
-  _globals['_GENERATERESPONSE']._serialized_start=2299
-  _globals['_GENERATERESPONSE']._serialized_end=2524
-  _globals['_GENERATEBATCHREQUEST']._serialized_start=2526
-  _globals['_GENERATEBATCHREQUEST']._serialized_end=2596
-  _globals['_ERROR']._serialized_start=2598
-  _globals['_ERROR']._serialized_end=2636
-  _globals['_BATCHRESULT']._serialized_start=2638
-  _globals['_BATCHRESULT']._serialized_end=2765
-  _globals['_GENERATEBATCHRESPONSE']._serialized_start=2767
-  _globals['_GENERATEBATCHRESPONSE']._serialized_end=2833
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=2835
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=2905
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=2908
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=3248
-  _globals['_TOKENIZEREQUEST']._serialized_start=3250
-  _globals['_TOKENIZEREQUEST']._serialized_end=3304
-  _globals['_TOKENIZERESPONSE']._serialized_start=3306
-  _globals['_TOKENIZERESPONSE']._serialized_end=3359
-  _globals['_GETMODELINFOREQUEST']._serialized_start=3361
-  _globals['_GETMODELINFOREQUEST']._serialized_end=3382
-  _globals['_SPECULATIVEINFO']._serialized_start=3384
-  _globals['_SPECULATIVEINFO']._serialized_end=3428
-  _globals['_GETMODELINFORESPONSE']._serialized_start=3431
-  _globals['_GETMODELINFORESPONSE']._serialized_end=3710
-  _globals['_STRUCTUREDBACKENDINFO']._serialized_start=3712
-  _globals['_STRUCTUREDBACKENDINFO']._serialized_end=3764
-  _globals['_GENERATIONSERVICE']._serialized_start=4143
-  _globals['_GENERATIONSERVICE']._serialized_end=4574
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1609
+  _globals['_OUTPUTOPTIONS']._serialized_start=1612
+  _globals['_OUTPUTOPTIONS']._serialized_end=1751
+  _globals['_SPECULATIVEOPTIONS']._serialized_start=1753
+  _globals['_SPECULATIVEOPTIONS']._serialized_end=1807
+  _globals['_PROCESSORREF']._serialized_start=1809
+  _globals['_PROCESSORREF']._serialized_end=1856
+  _globals['_TOPLOGPROB']._serialized_start=1858
+  _globals['_TOPLOGPROB']._serialized_end=1919
+  _globals['_TOKENLOGPROB']._serialized_start=1921
+  _globals['_TOKENLOGPROB']._serialized_end=2036
+  _globals['_COMPLETION']._serialized_start=2039
+  _globals['_COMPLETION']._serialized_end=2232
+  _globals['_USAGE']._serialized_start=2234
+  _globals['_USAGE']._serialized_end=2351
+  _globals['_GENERATERESPONSE']._serialized_start=2354
+  _globals['_GENERATERESPONSE']._serialized_end=2607
+  _globals['_GENERATEBATCHREQUEST']._serialized_start=2609
+  _globals['_GENERATEBATCHREQUEST']._serialized_end=2679
+  _globals['_ERROR']._serialized_start=2681
+  _globals['_ERROR']._serialized_end=2719
+  _globals['_BATCHRESULT']._serialized_start=2721
+  _globals['_BATCHRESULT']._serialized_end=2848
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=2850
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=2916
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=2918
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=2988
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=2991
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=3331
+  _globals['_TOKENIZEREQUEST']._serialized_start=3333
+  _globals['_TOKENIZEREQUEST']._serialized_end=3387
+  _globals['_TOKENIZERESPONSE']._serialized_start=3389
+  _globals['_TOKENIZERESPONSE']._serialized_end=3442
+  _globals['_GETMODELINFOREQUEST']._serialized_start=3444
+  _globals['_GETMODELINFOREQUEST']._serialized_end=3465
+  _globals['_SPECULATIVEINFO']._serialized_start=3467
+  _globals['_SPECULATIVEINFO']._serialized_end=3511
+  _globals['_GETMODELINFORESPONSE']._serialized_start=3514
+  _globals['_GETMODELINFORESPONSE']._serialized_end=3793
+  _globals['_STRUCTUREDBACKENDINFO']._serialized_start=3796
+  _globals['_STRUCTUREDBACKENDINFO']._serialized_end=3970
+  _globals['_GENERATIONSERVICE']._serialized_start=4553
+  _globals['_GENERATIONSERVICE']._serialized_end=4984
 # @@protoc_insertion_point(module_scope)

@@ -12,6 +12,14 @@ class StructuredBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STRUCTURED_BACKEND_UNSPECIFIED: _ClassVar[StructuredBackend]
     STRUCTURED_BACKEND_XGRAMMAR: _ClassVar[StructuredBackend]
     STRUCTURED_BACKEND_LM_FORMAT_ENFORCER: _ClassVar[StructuredBackend]
+    STRUCTURED_BACKEND_LLGUIDANCE: _ClassVar[StructuredBackend]
+
+class StructuredWhitespace(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STRUCTURED_WHITESPACE_UNSPECIFIED: _ClassVar[StructuredWhitespace]
+    STRUCTURED_WHITESPACE_COMPACT: _ClassVar[StructuredWhitespace]
+    STRUCTURED_WHITESPACE_SINGLE: _ClassVar[StructuredWhitespace]
+    STRUCTURED_WHITESPACE_FLEXIBLE: _ClassVar[StructuredWhitespace]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -26,6 +34,11 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 STRUCTURED_BACKEND_UNSPECIFIED: StructuredBackend
 STRUCTURED_BACKEND_XGRAMMAR: StructuredBackend
 STRUCTURED_BACKEND_LM_FORMAT_ENFORCER: StructuredBackend
+STRUCTURED_BACKEND_LLGUIDANCE: StructuredBackend
+STRUCTURED_WHITESPACE_UNSPECIFIED: StructuredWhitespace
+STRUCTURED_WHITESPACE_COMPACT: StructuredWhitespace
+STRUCTURED_WHITESPACE_SINGLE: StructuredWhitespace
+STRUCTURED_WHITESPACE_FLEXIBLE: StructuredWhitespace
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_EOS: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -132,20 +145,22 @@ class ChoiceList(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
-    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "backend")
+    __slots__ = ("json_schema", "json_object", "regex", "choice", "grammar", "backend", "whitespace")
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
     CHOICE_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    WHITESPACE_FIELD_NUMBER: _ClassVar[int]
     json_schema: str
     json_object: bool
     regex: str
     choice: ChoiceList
     grammar: str
     backend: StructuredBackend
-    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[ChoiceList, _Mapping]] = ..., grammar: _Optional[str] = ..., backend: _Optional[_Union[StructuredBackend, str]] = ...) -> None: ...
+    whitespace: StructuredWhitespace
+    def __init__(self, json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[ChoiceList, _Mapping]] = ..., grammar: _Optional[str] = ..., backend: _Optional[_Union[StructuredBackend, str]] = ..., whitespace: _Optional[_Union[StructuredWhitespace, str]] = ...) -> None: ...
 
 class OutputOptions(_message.Message):
     __slots__ = ("logprobs", "top_logprobs", "return_token_ids", "return_prompt_token_ids", "prompt_logprobs")
@@ -230,20 +245,22 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "completions", "usage", "prompt_token_ids", "prompt_logprobs", "seed")
+    __slots__ = ("request_id", "completions", "usage", "prompt_token_ids", "prompt_logprobs", "seed", "structured_backend")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_BACKEND_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     usage: Usage
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     seed: int
-    def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., seed: _Optional[int] = ...) -> None: ...
+    structured_backend: str
+    def __init__(self, request_id: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., seed: _Optional[int] = ..., structured_backend: _Optional[str] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
     __slots__ = ("requests",)
@@ -356,9 +373,19 @@ class GetModelInfoResponse(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
 
 class StructuredBackendInfo(_message.Message):
-    __slots__ = ("name", "kinds")
+    __slots__ = ("name", "kinds", "requests", "compiles", "compile_failures", "compile_seconds_total", "compile_seconds_max")
     NAME_FIELD_NUMBER: _ClassVar[int]
     KINDS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    COMPILES_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SECONDS_MAX_FIELD_NUMBER: _ClassVar[int]
     name: str
     kinds: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+    requests: int
+    compiles: int
+    compile_failures: int
+    compile_seconds_total: float
+    compile_seconds_max: float
+    def __init__(self, name: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ..., requests: _Optional[int] = ..., compiles: _Optional[int] = ..., compile_failures: _Optional[int] = ..., compile_seconds_total: _Optional[float] = ..., compile_seconds_max: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,191 @@
+"""llguidance: an Earley parser over a lazily built lexer, so a grammar is ready in
+milliseconds whatever its size (no vocabulary-wide precompute), ~60 µs a mask.
+
+Its own fuel and size limits bound every build and mask step, so it runs in-process. A
+JSON schema it refuses as *unsupported* is retried with ``lenient`` (unknown keywords
+ignored); such a grammar is marked so the service validates the output against the schema.
+A schema or regex it refuses as *invalid* (missing ``$ref`` target, unsatisfiable, bad
+syntax, look-around) is refused for every backend.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import llguidance.hf
+import torch
+from llguidance import LLMatcher
+from llguidance.gbnf_to_lark import any_to_lark
+
+from structured.grammar import bitmask_words
+from structured.spec import COMPACT, LLGUIDANCE, SINGLE, StructuredSpec
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a stub-only TypedDict
+
+# Messages of grammars llguidance cannot *enforce* (another backend may), as opposed to
+# specs that are wrong in themselves. No backend enforces look-around: that is invalid.
+_UNSUPPORTED = re.compile(r"unimplemented|not supported|unsupported|too complex|limit",
+                          re.IGNORECASE)
+_INVALID_ANYWHERE = re.compile(r"look-?around|look-?ahead|look-?behind", re.IGNORECASE)
+
+
+class UnsupportedSpec(ValueError):
+    """The spec may be fine, but this backend cannot enforce it."""
+
+
+def whitespace_options(mode: str, max_whitespace: int) -> JsonCompileOptions:
+    if mode == COMPACT:
+        return {"whitespace_flexible": False}
+    if mode == SINGLE:
+        return {"whitespace_pattern": r"[ \n]?"}
+    return {"whitespace_pattern": rf"[\x20\x0A\x0D\x09]{{0,{max_whitespace}}}"}
+
+
+def choice_lark(choices: Sequence[str]) -> str:
+    return "start: " + " | ".join(json.dumps(c) for c in choices)
+
+
+class LLGuidanceGrammar:
+    """``validate_tokens`` of llguidance stops before an EOS that ends a complete output;
+    like xgrammar, such an EOS counts here as accepted (it terminates the grammar)."""
+
+    def __init__(self, matcher: LLMatcher, eos_token_ids: frozenset[int]) -> None:
+        self.matcher = matcher
+        self.eos = eos_token_ids
+
+    def _valid(self, ids: list[int]) -> int:
+        n = self.matcher.validate_tokens(ids)
+        if n < len(ids) and ids[n] in self.eos:
+            head = ids[:n]
+            if self.matcher.consume_tokens(head):  # valid: checked just above
+                ends = self.matcher.is_accepting()
+                self.rollback(len(head))
+                n += ends
+        return n
+
+    def accept_tokens(self, ids: Sequence[int]) -> bool:
+        ids = list(ids)
+        if self._valid(ids) != len(ids):
+            return False  # consuming would leave the matcher in its error state
+        # consume_token, unlike consume_tokens, takes the EOS that follows a stopped parser
+        return all(self.matcher.consume_token(t) for t in ids)
+
+    def validate_tokens(self, ids: Sequence[int]) -> int:
+        return self._valid(list(ids))
+
+    def rollback(self, n: int) -> None:
+        if n:
+            self.matcher.rollback(n)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        target = bitmask[row]
+        self.matcher.unsafe_compute_mask_ptr(target.data_ptr(),
+                                             target.numel() * target.element_size())
+        if self.matcher.is_error():
+            raise RuntimeError(f"llguidance: {first_line(self.matcher.get_error())}")
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_stopped()
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+
+class LLGuidanceCompiled:
+    def __init__(self, template: LLMatcher, eos: frozenset[int], lenient_ignored: list[str]
+                 ) -> None:
+        self.template = template
+        self.eos = eos  # never advanced: each sequence gets a copy
+        # Keywords the lenient build ignored: the output must be validated afterwards.
+        self.lenient_ignored = lenient_ignored
+
+    def new_grammar(self) -> LLGuidanceGrammar:
+        return LLGuidanceGrammar(self.template.deep_copy(), self.eos)
+
+
+def first_line(message: str) -> str:
+    """The message on one line (llguidance puts the reason after a location line)."""
+    return " ".join(message.split())[:500] or "unknown error"
+
+
+class LLGuidanceBackend:
+    name = LLGUIDANCE
+    kinds = frozenset({"json_schema", "json_object", "regex", "choice", "grammar"})
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: list[int],
+                 max_whitespace: int) -> None:
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
+                                                      eos_token=list(eos_token_ids))
+        self.vocab_size = vocab_size
+        self.eos = frozenset(eos_token_ids)
+        self.max_whitespace = max_whitespace
+
+    def grammar_text(self, spec: StructuredSpec, lenient: bool = False) -> str:
+        if spec.kind in ("json_schema", "json_object"):
+            schema = spec.value if spec.kind == "json_schema" else '{"type": "object"}'
+            assert isinstance(schema, str)
+            try:
+                if not isinstance(json.loads(schema), dict):
+                    raise ValueError("a JSON schema must be a JSON object")
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not valid JSON: {e}") from None
+            options = whitespace_options(spec.whitespace, self.max_whitespace)
+            if lenient:
+                options["lenient"] = True
+            return LLMatcher.grammar_from_json_schema(schema, defaults=options)
+        if spec.kind == "regex":
+            assert isinstance(spec.value, str)
+            return LLMatcher.grammar_from_regex(spec.value)
+        if spec.kind == "choice":
+            return LLMatcher.grammar_from_lark(choice_lark(spec.value))
+        assert isinstance(spec.value, str)
+        # Our API's grammars are GBNF-style EBNF (``root ::= ...``); Lark is accepted too.
+        return LLMatcher.grammar_from_lark(any_to_lark(spec.value))
+
+    def check(self, grammar: str) -> tuple[str, list[str]]:
+        """(error or "", warnings) for a grammar text."""
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        return (messages[0] if is_error else ""), ([] if is_error else messages)
+
+    @staticmethod
+    def classify(error: str) -> ValueError:
+        """The refusal as UnsupportedSpec (another backend may serve it) or ValueError."""
+        unsupported = _UNSUPPORTED.search(error) and not _INVALID_ANYWHERE.search(error)
+        return (UnsupportedSpec if unsupported else ValueError)(first_line(error))
+
+    def compile(self, spec: StructuredSpec) -> LLGuidanceCompiled:
+        try:
+            grammar = self.grammar_text(spec)
+        except ValueError:
+            raise
+        except Exception as e:  # gbnf_to_lark and friends raise assorted errors
+            raise ValueError(f"{type(e).__name__}: {first_line(str(e))}") from None
+        error, _ = self.check(grammar)
+        ignored: list[str] = []
+        if (error and isinstance(self.classify(error), UnsupportedSpec)
+                and spec.kind == "json_schema"):
+            lenient = self.grammar_text(spec, lenient=True)
+            lenient_error, warnings = self.check(lenient)
+            if not lenient_error:
+                ignored = [first_line(w) for w in warnings] or [first_line(error)]
+                grammar, error = lenient, ""
+        if error:
+            raise self.classify(error)
+        template = LLMatcher(self.tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise ValueError(first_line(template.get_error()))
+        # The first mask now: the build is lazy, and a grammar that admits no first token
+        # (e.g. a schema whose $ref only loops) must be refused before it is served.
+        probe = LLGuidanceGrammar(template.deep_copy(), self.eos)
+        bitmask = torch.zeros(1, bitmask_words(self.vocab_size), dtype=torch.int32)
+        try:
+            probe.fill_bitmask(bitmask, 0)
+        except RuntimeError as e:
+            raise ValueError(f"the grammar admits no output ({e})") from None
+        if not bool(bitmask.any()):
+            raise ValueError("the grammar admits no output (no token can start it)")
+        return LLGuidanceCompiled(template, self.eos, ignored)

@@ -1,0 +1,45 @@
+"""The last line of defence for JSON schemas a backend enforces only in part.
+
+llguidance's lenient build ignores keywords it cannot enforce, and xgrammar is looser than
+the schema in a few corners (``minLength`` beside ``pattern``, overlapping ``oneOf``):
+their finished outputs are validated once, here, and a failure is reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import jsonschema
+
+from structured.spec import StructuredSpec
+
+OutputCheck = Callable[[str], str | None]
+
+
+def schema_checker(spec: StructuredSpec, backend: str, ignored: list[str]) -> OutputCheck:
+    """``check(text)`` -> None if ``text`` is JSON valid under the schema, else why not."""
+    assert isinstance(spec.value, str)
+    schema = json.loads(spec.value)
+    try:
+        validator_cls = jsonschema.validators.validator_for(schema)
+        validator = validator_cls(schema)
+    except Exception:  # a schema jsonschema cannot load: nothing to check it with
+        return lambda text: None
+    how = f"{backend} (lenient: {'; '.join(ignored)})" if ignored else backend
+
+    def check(text: str) -> str | None:
+        try:
+            instance = json.loads(text)
+        except json.JSONDecodeError as e:
+            return f"the output is not JSON ({e}); grammar by {how}"
+        try:
+            error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
+        except Exception:  # e.g. a remote $ref, never fetched: the grammar stands
+            return None
+        if error is None:
+            return None
+        return (f"the output does not match the schema: {error.message[:300]} at "
+                f"/{'/'.join(map(str, error.absolute_path))}; grammar by {how}")
+
+    return check
