@@ -132,6 +132,7 @@ class GenServer:
         self.health_port = 0
         self._stopped = asyncio.Event()
         self._forced = False
+        self._owns_structured = False  # built here (not handed in): closed on stop
         self._drain_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
         self.compile_thread: threading.Thread | None = None
@@ -251,6 +252,7 @@ class GenServer:
         self.servicer.structured = await asyncio.to_thread(
             StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
             self.config.structured)
+        self._owns_structured = True
 
     async def warm_up(self) -> None:
         assert self.engine is not None
@@ -295,6 +297,8 @@ class GenServer:
         if self.servicer.structured is not None:
             with contextlib.suppress(ValueError):
                 self.servicer.structured.observers.remove(self.metrics)
+            if self._owns_structured:
+                self.servicer.structured.close()  # kills running compiles: never waited on
         await asyncio.to_thread(self.metrics.stop)
         self._stopped.set()
         log.info("stopped")

@@ -118,15 +118,16 @@ class CompileWorkers:
     or kills the worker at ``timeout_s`` or ``max_rss_bytes`` and raises CompileKilled."""
 
     def __init__(self, setup: WorkerSetup, size: int, max_rss_bytes: int,
-                 name: str = "genserve-compile") -> None:
+                 name: str = "genserve-compile", prestart: bool = True) -> None:
         self.setup = setup
         self.max_rss_bytes = max_rss_bytes
         self.name = name
         self._closing = threading.Event()
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        # None: a worker not spawned yet (spawned on first use unless ``prestart``)
+        self._idle: queue.Queue[_Worker | None] = queue.Queue()
         self.killed = 0
         for _ in range(size):
-            self._idle.put(_Worker(setup, name))
+            self._idle.put(_Worker(setup, name) if prestart else None)
 
     def run(self, backend: str, spec: StructuredSpec, timeout_s: float) -> Any:
         worker = self._take()
@@ -151,9 +152,10 @@ class CompileWorkers:
             if self._closing.is_set():
                 raise ValueError("compile aborted: the server is shutting down")
             try:
-                return self._idle.get(timeout=0.5)
+                worker = self._idle.get(timeout=0.5)
             except queue.Empty:
                 continue
+            return worker if worker is not None else _Worker(self.setup, self.name)
 
     def _answer(self, worker: _Worker, timeout_s: float) -> tuple[str, Any]:
         start = time.monotonic()
@@ -187,6 +189,8 @@ class CompileWorkers:
         self._closing.set()
         while True:
             try:
-                self._idle.get_nowait().kill()
+                worker = self._idle.get_nowait()
             except queue.Empty:
                 break
+            if worker is not None:
+                worker.kill()

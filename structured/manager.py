@@ -62,6 +62,7 @@ class StructuredConfig:
     accelerate_after: int = 2  # AUTO: requests of one spec before xgrammar builds it; 0 = off
     accelerate_timeout_s: float = 120.0
     default_whitespace: str = DEFAULT_WHITESPACE  # for requests that do not choose
+    prestart_workers: bool = True  # False: spawn compile workers on first use
 
 
 class CompileObserver(Protocol):
@@ -116,9 +117,11 @@ class StructuredOutputs:
         tokenizer.save_pretrained(self._tokenizer_dir.name)
         setup = WorkerSetup(self._tokenizer_dir.name, vocab_size, tuple(eos_token_ids), ws)
         rss = self.config.compile_max_rss_mb << 20
-        self.workers = CompileWorkers(setup, self.config.compile_workers, rss)
-        self.accelerator = (CompileWorkers(WorkerSetup(**{**setup.__dict__, "nice": 15}), 1,
-                                           rss, name="genserve-accelerate")
+        prestart = self.config.prestart_workers
+        self.workers = CompileWorkers(setup, self.config.compile_workers, rss,
+                                      prestart=prestart)
+        self.accelerator = (CompileWorkers(replace(setup, nice=15), 1, rss,
+                                           name="genserve-accelerate", prestart=prestart)
                             if self.config.accelerate_after else None)
         log.info("structured-output backends ready in %.1fs: %s", time.perf_counter() - start,
                  ", ".join(self.backends))

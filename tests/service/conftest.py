@@ -107,7 +107,7 @@ def structured_outputs(tokenizer):
     from structured.manager import StructuredConfig, StructuredOutputs
 
     outputs = StructuredOutputs(tokenizer, len(tokenizer), [tokenizer.eos_token_id],
-                                StructuredConfig())
+                                StructuredConfig(prestart_workers=False))
     yield outputs
     outputs.close()
 
