@@ -130,3 +130,53 @@ def test_ignore_eos_with_structured_output_is_invalid_argument(stub):
         stub.Generate(r)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "ignore_eos" in e.value.details()
+
+
+def test_response_names_the_backend_and_model_info_counts_it(stub):
+    so = pb.StructuredOutput(regex=r"[0-9]{3}", backend=LLG)
+    before = {b.name: b for b in stub.GetModelInfo(pb.GetModelInfoRequest())
+              .structured_backend_info}["llguidance"]
+    r = stub.Generate(req(so))
+    assert r.structured_backend == "llguidance"
+    assert stub.Generate(req(pb.StructuredOutput(regex=r"[0-9]{3}", backend=XG))
+                         ).structured_backend == "xgrammar"
+    assert stub.Generate(pb.GenerateRequest(prompt="x", stopping=pb.StoppingCriteria(
+        max_new_tokens=2))).structured_backend == ""
+    after = {b.name: b for b in stub.GetModelInfo(pb.GetModelInfoRequest())
+             .structured_backend_info}["llguidance"]
+    assert after.requests == before.requests + 1
+    assert after.compiles >= 1 and after.compile_seconds_total > 0
+    assert after.compile_seconds_max <= after.compile_seconds_total
+
+
+def test_whitespace_mode_reaches_the_grammar(server, stub):
+    so = pb.StructuredOutput(json_object=True, whitespace=pb.STRUCTURED_WHITESPACE_COMPACT)
+    stub.Generate(req(so, max_new=4))
+    cache = server.server.servicer.structured._auto
+    assert any(key[0] == "json_object" and key[2] == "compact" for key in cache)
+    bad = req(pb.StructuredOutput(json_object=True, whitespace=99))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(bad)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "structured_output.whitespace" in e.value.details()
+
+
+def test_an_output_failing_its_schema_check_is_reported_with_its_text(server, stub):
+    """What a lenient (partly enforced) grammar's failed output looks like to clients:
+    finish reason ERROR naming the problem, the text kept, the call itself OK."""
+    schema = json.dumps({"enum": ["yes", "no"]})
+    r = req(pb.StructuredOutput(json_schema=schema, backend=LLG))
+    assert stub.Generate(r).completions[0].finish_reason == pb.FINISH_REASON_EOS
+    so = server.server.servicer.structured
+    factory = next(f.result() for key, f in so._cache.items()
+                   if key[0] == "llguidance" and key[2] == schema)
+    factory.check_output = lambda text: f"forced failure for {text}"
+    try:
+        c = stub.Generate(r).completions[0]
+        assert c.finish_reason == pb.FINISH_REASON_ERROR and c.text in ('"yes"', '"no"')
+        assert c.error == f"structured_output: forced failure for {c.text}"
+        last = list(stub.GenerateStream(pb.GenerateStreamRequest(request=r)))[-1]
+        assert last.finish_reason == pb.FINISH_REASON_ERROR
+        assert last.error.startswith("structured_output: forced failure")
+    finally:
+        factory.check_output = None

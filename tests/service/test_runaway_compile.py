@@ -1,0 +1,81 @@
+"""A real ``genserve serve`` process meets a runaway grammar compile: health and other
+requests keep answering, and SIGTERM exits within the grace with no compile left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from tests.service.test_cli import REPO, _free_port, _health
+
+RUNAWAY = pb.StructuredOutput(regex=r"(a{1,200}){1,200}",
+                              backend=pb.STRUCTURED_BACKEND_LM_FORMAT_ENFORCER)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_runaway_compile_never_stalls_the_server_or_its_shutdown(tiny_model_dir, tmp_path):
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{REPO}:{REPO / 'protos'}"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_dir),
+             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
+             "--kv-cache-memory", "16MiB", "--drain-grace-seconds", "5", "--enforce-eager",
+             "--structured-compile-timeout", "300", "--structured-accelerate-after", "0"],
+            cwd=REPO, env=env, stdout=out, stderr=out)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            end = time.monotonic() + 180
+            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
+                assert proc.poll() is None and time.monotonic() < end, log.read_text()
+                time.sleep(0.2)
+            stub = pb_grpc.GenerationServiceStub(ch)
+            outcome: list[grpc.StatusCode] = []
+
+            def hostile() -> None:
+                try:
+                    stub.Generate(pb.GenerateRequest(prompt="a", structured_output=RUNAWAY),
+                                  timeout=120)
+                    outcome.append(grpc.StatusCode.OK)
+                except grpc.RpcError as e:
+                    outcome.append(e.code())
+
+            thread = threading.Thread(target=hostile)
+            thread.start()
+            time.sleep(8)  # the compile worker is deep in the runaway FSM by now
+            assert thread.is_alive(), outcome
+            start = time.perf_counter()
+            assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
+            r = stub.Generate(pb.GenerateRequest(
+                prompt="hello", stopping=pb.StoppingCriteria(max_new_tokens=4)), timeout=60)
+            assert r.usage.completion_tokens == 4
+            assert time.perf_counter() - start < 30
+            workers = _children(proc.pid)
+            assert workers  # the compile runs in a worker process, not in the server
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0, log.read_text()  # grace 5 s: the compile is killed
+            thread.join(30)
+            assert outcome and outcome[0] != grpc.StatusCode.OK
+        time.sleep(1)
+        alive = [p for p in workers if os.path.exists(f"/proc/{p}")
+                 and "Z" not in open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]]
+        assert not alive, f"compile workers left running: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
