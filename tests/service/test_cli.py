@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.cli import main, parse_bytes
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.service.serve_process import health, serve, wait_serving
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -106,36 +100,12 @@ def test_bad_settings_are_usage_errors_naming_their_source(monkeypatch, tmp_path
     assert message in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _health(ch) -> int | None:
-    try:
-        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
-                                                    timeout=1).status
-    except grpc.RpcError:
-        return None
-
-
 def test_sigterm_drains_a_real_server_process(tiny_model_dir, tmp_path):
-    port = _free_port()
     log = tmp_path / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{REPO}:{REPO / 'protos'}"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_dir),
-             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-             "--kv-cache-memory", "16MiB", "--drain-grace-seconds", "60", "--enforce-eager"],
-            cwd=REPO, env=env, stdout=out, stderr=out)
+    proc, port = serve(tiny_model_dir, log, "--drain-grace-seconds", "60", "--enforce-eager")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            end = time.monotonic() + 180
-            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
-                assert proc.poll() is None and time.monotonic() < end, log.read_text()
-                time.sleep(0.2)
+            wait_serving(proc, ch, log)
             stub = pb_grpc.GenerationServiceStub(ch)
             stream = stub.GenerateStream(pb.GenerateStreamRequest(request=pb.GenerateRequest(
                 prompt="Tell me a story", stopping=pb.StoppingCriteria(
@@ -143,7 +113,7 @@ def test_sigterm_drains_a_real_server_process(tiny_model_dir, tmp_path):
             first = next(stream)
             proc.send_signal(signal.SIGTERM)
             end = time.monotonic() + 10  # NOT_SERVING, then refused (GOAWAY, port closed)
-            while _health(ch) == health_pb2.HealthCheckResponse.SERVING:
+            while health(ch) == health_pb2.HealthCheckResponse.SERVING:
                 assert time.monotonic() < end, log.read_text()
                 time.sleep(0.05)
             with pytest.raises(grpc.RpcError) as e:

@@ -216,7 +216,7 @@ def test_bad_input_is_invalid_argument_naming_the_field(stub, bad, field):
 
 def test_grammar_errors_carry_no_backend_log_prefix(stub):
     for so in (pb.StructuredOutput(regex="([a-"),
-               pb.StructuredOutput(grammar='root ::= "a" | '),
+               pb.StructuredOutput(grammar='root ::= "a" | ('),
                pb.StructuredOutput(json_schema='{"type": "string", "minLength": "x"}')):
         with pytest.raises(grpc.RpcError) as e:
             stub.Generate(req(structured_output=so, stopping=STOP4))

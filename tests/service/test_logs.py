@@ -5,26 +5,20 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.cli import main
 from service.logs import JsonFormatter, make_handler, request_id_var
 from tests.service.conftest import start_server, stop_server
+from tests.service.serve_process import free_port, serve, wait_serving
 
-REPO = Path(__file__).resolve().parents[2]
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR) ")
 
 
@@ -146,37 +140,15 @@ def test_one_json_line_per_finished_request(server):
     assert tok_line["code"] == "OK" and "completion_tokens" not in tok_line
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_with_json_logs_and_metrics_port(tiny_model_dir, tmp_path):
     """A real ``genserve serve --log-format json --metrics-port N`` process."""
-    port, metrics_port = _free_port(), _free_port()
+    metrics_port = free_port()
     log_path = tmp_path / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{REPO}:{REPO / 'protos'}"}
-    with log_path.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_dir),
-             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-             "--kv-cache-memory", "16MiB", "--no-structured-output", "--log-format", "json",
-             "--metrics-port", str(metrics_port)],
-            cwd=REPO, env=env, stdout=out, stderr=out)
+    proc, port = serve(tiny_model_dir, log_path, "--no-structured-output", "--log-format",
+                       "json", "--metrics-port", str(metrics_port))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            health = health_pb2_grpc.HealthStub(ch)
-            end = time.monotonic() + 180
-            while True:
-                try:
-                    if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                            health_pb2.HealthCheckResponse.SERVING:
-                        break
-                except grpc.RpcError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < end, log_path.read_text()
-                time.sleep(0.2)
+            wait_serving(proc, ch, log_path)
             pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(
                 request_id="cli-json", prompt="Hi", stopping=pb.StoppingCriteria(
                     max_new_tokens=3)), timeout=60)

@@ -3,10 +3,8 @@ requests keep answering, and SIGTERM exits within the grace with no compile left
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -15,7 +13,7 @@ from grpc_health.v1 import health_pb2
 
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
-from tests.service.test_cli import REPO, _free_port, _health
+from tests.service.serve_process import health, serve, wait_serving
 
 RUNAWAY = pb.StructuredOutput(regex=r"(a{1,200}){1,200}",
                               backend=pb.STRUCTURED_BACKEND_LM_FORMAT_ENFORCER)
@@ -27,23 +25,23 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_runaway_compile_never_stalls_the_server_or_its_shutdown(tiny_model_dir, tmp_path):
-    port = _free_port()
     log = tmp_path / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{REPO}:{REPO / 'protos'}"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "serve", "--model", str(tiny_model_dir),
-             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
-             "--kv-cache-memory", "16MiB", "--drain-grace-seconds", "5", "--enforce-eager",
-             "--structured-compile-timeout", "300", "--structured-accelerate-after", "0"],
-            cwd=REPO, env=env, stdout=out, stderr=out)
+    proc, port = serve(tiny_model_dir, log, "--drain-grace-seconds", "5", "--enforce-eager",
+                       "--structured-compile-timeout", "300",
+                       "--structured-accelerate-after", "0")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            end = time.monotonic() + 180
-            while _health(ch) != health_pb2.HealthCheckResponse.SERVING:
-                assert proc.poll() is None and time.monotonic() < end, log.read_text()
-                time.sleep(0.2)
+            wait_serving(proc, ch, log)
             stub = pb_grpc.GenerationServiceStub(ch)
             outcome: list[grpc.StatusCode] = []
 
@@ -60,7 +58,7 @@ def test_runaway_compile_never_stalls_the_server_or_its_shutdown(tiny_model_dir,
             time.sleep(8)  # the compile worker is deep in the runaway FSM by now
             assert thread.is_alive(), outcome
             start = time.perf_counter()
-            assert _health(ch) == health_pb2.HealthCheckResponse.SERVING
+            assert health(ch) == health_pb2.HealthCheckResponse.SERVING
             r = stub.Generate(pb.GenerateRequest(
                 prompt="hello", stopping=pb.StoppingCriteria(max_new_tokens=4)), timeout=60)
             assert r.usage.completion_tokens == 4
@@ -72,8 +70,7 @@ def test_runaway_compile_never_stalls_the_server_or_its_shutdown(tiny_model_dir,
             thread.join(30)
             assert outcome and outcome[0] != grpc.StatusCode.OK
         time.sleep(1)
-        alive = [p for p in workers if os.path.exists(f"/proc/{p}")
-                 and "Z" not in open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]]
+        alive = [p for p in workers if _running(p)]
         assert not alive, f"compile workers left running: {alive}"
     finally:
         if proc.poll() is None:
