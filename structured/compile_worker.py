@@ -63,7 +63,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
     while True:
         try:
             name, spec = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the server closed the pipe: its end, ours too
             return
         try:
             compiled = backends[name].compile(spec)

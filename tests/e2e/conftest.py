@@ -18,4 +18,6 @@ def structured_outputs(real_engine):
     from structured.manager import StructuredOutputs
 
     info = real_engine.info
-    return StructuredOutputs(real_engine.tokenizer, info.vocab_size, info.eos_token_ids)
+    outputs = StructuredOutputs(real_engine.tokenizer, info.vocab_size, info.eos_token_ids)
+    yield outputs
+    outputs.close()

@@ -10,11 +10,11 @@ import jsonschema
 import pytest
 
 from engine.sampling_params import SamplingParams
-from structured.spec import LM_FORMAT_ENFORCER, XGRAMMAR, StructuredSpec
+from structured.spec import LLGUIDANCE, LM_FORMAT_ENFORCER, XGRAMMAR, StructuredSpec
 from tests.e2e.schemas import SCHEMAS
 from tests.engine.test_engine import run_to_completion
 
-BACKENDS = [XGRAMMAR, LM_FORMAT_ENFORCER]
+BACKENDS = [LLGUIDANCE, XGRAMMAR, LM_FORMAT_ENFORCER]
 MAX_NEW = 160
 
 
@@ -38,7 +38,7 @@ def supported(backend: str) -> list[tuple[str, dict, str]]:
     keywords such as numeric bounds and formats; those refusals are tested below)."""
     from structured.lmfe_backend import unenforced_keywords
 
-    if backend == XGRAMMAR:
+    if backend != LM_FORMAT_ENFORCER:
         return SCHEMAS
     return [s for s in SCHEMAS if not unenforced_keywords(s[1])]
 
@@ -47,9 +47,9 @@ def test_lmfe_refuses_schemas_it_cannot_enforce_naming_the_keyword(structured_ou
     schema = json.dumps(SCHEMAS[1][1])  # integer with minimum/maximum
     with pytest.raises(ValueError, match=r"lm-format-enforcer cannot enforce.*maximum"):
         factory(structured_outputs, StructuredSpec("json_schema", schema, LM_FORMAT_ENFORCER))
-    # auto picks xgrammar, which enforces it
+    # auto picks llguidance, which enforces it
     f = factory(structured_outputs, StructuredSpec("json_schema", schema))
-    assert f.backend == XGRAMMAR
+    assert f.backend == LLGUIDANCE and not f.lenient
     assert len(supported(LM_FORMAT_ENFORCER)) >= 30 and len(SCHEMAS) >= 40
 
 
@@ -101,13 +101,14 @@ def test_regex_choice_and_json_object(real_engine, structured_outputs, backend):
         assert check(c.text), (name, c.text)
 
 
-def test_ebnf_grammar_with_xgrammar(real_engine, structured_outputs):
+@pytest.mark.parametrize("backend", [LLGUIDANCE, XGRAMMAR])
+def test_ebnf_grammar(real_engine, structured_outputs, backend):
     grammar = r'''
 root ::= greeting " " name "!"
 greeting ::= "Hello" | "Hi" | "Good morning"
 name ::= [A-Z] [a-z]+
 '''
-    spec = StructuredSpec("grammar", grammar, XGRAMMAR)
+    spec = StructuredSpec("grammar", grammar, backend)
     res = run_to_completion(real_engine, {0: [("g", chat(real_engine, "Greet Alice."),
                                                SamplingParams(max_new_tokens=30, logits_processors=[
                                                    factory(structured_outputs, spec)]))]})
@@ -115,14 +116,14 @@ name ::= [A-Z] [a-z]+
     assert re.fullmatch(r"(Hello|Hi|Good morning) [A-Z][a-z]+!", text), text
 
 
-def test_a_batch_mixing_free_rows_schemas_and_both_backends(real_engine, structured_outputs):
+def test_a_batch_mixing_free_rows_schemas_and_backends(real_engine, structured_outputs):
     free_prompt = chat(real_engine, "Say something nice.")
     alone = run_to_completion(real_engine, {0: [("free", free_prompt,
                                                  SamplingParams(max_new_tokens=24))]})
     arrivals = {0: [("free", free_prompt, SamplingParams(max_new_tokens=24))]}
     picks = [s for s in SCHEMAS if s[0] in ("person", "enum", "nested", "ref_array")]
     for i, (name, schema, what) in enumerate(picks):
-        backend = BACKENDS[i % 2]
+        backend = BACKENDS[i % 3]
         f = factory(structured_outputs, StructuredSpec("json_schema", json.dumps(schema),
                                                        backend))
         arrivals[0].append((f"{name}-{backend}", chat(real_engine, f"Give {what} as JSON."),
@@ -130,7 +131,7 @@ def test_a_batch_mixing_free_rows_schemas_and_both_backends(real_engine, structu
     res = run_to_completion(real_engine, arrivals)
     assert res["free"][0].token_ids == alone["free"][0].token_ids
     for i, (name, schema, _) in enumerate(picks):
-        c = res[f"{name}-{BACKENDS[i % 2]}"][0]
+        c = res[f"{name}-{BACKENDS[i % 3]}"][0]
         assert c.finish_reason.value == "eos"
         validator(schema).validate(json.loads(c.text))
 
