@@ -9,7 +9,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -212,6 +212,9 @@ class GenServer:
         self.engine.on_step = self.metrics.on_step
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("SERVING")
+        if (self._owns_structured and self.servicer.structured is not None
+                and self.config.structured and self.config.structured.prestart_workers):
+            self.servicer.structured.prestart()
         if compile_now:
             self._compile_in_background()
         return self.port
@@ -249,9 +252,10 @@ class GenServer:
             return
         assert self.engine is not None
         info = self.engine.info
+        # Compile workers spawn once SERVING: their imports would slow the start-up.
         self.servicer.structured = await asyncio.to_thread(
             StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
-            self.config.structured)
+            replace(self.config.structured, prestart_workers=False))
         self._owns_structured = True
 
     async def warm_up(self) -> None:

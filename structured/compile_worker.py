@@ -129,6 +129,17 @@ class CompileWorkers:
         for _ in range(size):
             self._idle.put(_Worker(setup, name) if prestart else None)
 
+    def prestart(self) -> None:
+        """Spawn the workers not spawned yet (their imports then run in the background)."""
+        idle = []
+        while True:
+            try:
+                idle.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        for worker in idle:
+            self._idle.put(worker if worker is not None else _Worker(self.setup, self.name))
+
     def run(self, backend: str, spec: StructuredSpec, timeout_s: float) -> Any:
         worker = self._take()
         healthy = False

@@ -62,7 +62,7 @@ class StructuredConfig:
     accelerate_after: int = 2  # AUTO: requests of one spec before xgrammar builds it; 0 = off
     accelerate_timeout_s: float = 120.0
     default_whitespace: str = DEFAULT_WHITESPACE  # for requests that do not choose
-    prestart_workers: bool = True  # False: spawn compile workers on first use
+    prestart_workers: bool = True  # False: spawn compile workers on first use (or prestart())
 
 
 class CompileObserver(Protocol):
@@ -314,6 +314,13 @@ class StructuredOutputs:
             self.stats.backends[factory.backend].requests += 1
         self._notify("on_served", factory.backend)
         return factory
+
+    def prestart(self) -> None:
+        """Spawn the compile workers now (e.g. once the server is SERVING), so the first
+        xgrammar request does not wait for one to import its libraries."""
+        self.workers.prestart()
+        if self.accelerator is not None:
+            self.accelerator.prestart()
 
     def close(self) -> None:
         """Kill every compile now: shutdown never waits on one."""
