@@ -5,7 +5,7 @@
 #
 #   Go:   clients/go/genservev1/*.pb.go and clients/go/fmaas/*.pb.go (checked in,
 #         regenerated here), clients/go/bin/genserve-client, clients/go/bin/tgis-client
-#         (a TGIS client built from the upstream fmaas proto)
+#         (a TGIS client built from the upstream fmaas proto): module mode, -mod=vendor
 #   Java: clients/java/build/generated (stubs), clients/java/build/classes,
 #         clients/java/build/genserve-client (launcher)
 #   Node: clients/node/node_modules (the .proto files are loaded at run time)
@@ -26,25 +26,24 @@ need() {
     done
 }
 
+# Go >= 1.21 (the vendored google.golang.org/protobuf 1.36 needs it): Debian 12's own Go
+# is 1.19, so bookworm-backports' Go 1.23 (`make interop-deps`) unless $GO says otherwise
+GO=${GO:-$([ -x /usr/lib/go-1.23/bin/go ] && echo /usr/lib/go-1.23/bin/go || echo go)}
+
 build_go() {
-    need protoc protoc-gen-go protoc-gen-go-grpc go
+    need protoc protoc-gen-go protoc-gen-go-grpc "$GO"
     protoc -Iprotos --go_out=clients/go --go_opt=module=$GO_MODULE \
         --go-grpc_out=clients/go --go-grpc_opt=module=$GO_MODULE $PROTO
     local tgis_pkg="fmaas/generation.proto=$GO_MODULE/fmaas;fmaas"
     protoc -Iprotos --go_out=clients/go --go_opt=module=$GO_MODULE --go_opt=M$tgis_pkg \
         --go-grpc_out=clients/go --go-grpc_opt=module=$GO_MODULE --go-grpc_opt=M$tgis_pkg \
         $TGIS_PROTO
-    # GOPATH mode over Debian's Go sources (/usr/share/gocode): no module proxy needed.
-    # grpc-go there is 1.33; the module's own go.mod is for builds with a module proxy.
-    local gopath=$ROOT/clients/go/build/gopath
+    # Module mode, offline: the dependencies are vendored (clients/go/vendor, from Debian's
+    # grpc-go 1.64 packages: clients/go/vendor-from-debian.sh), the module proxy is off
     # go needs a build cache: under $HOME by default, here when there is no $HOME
     [ -n "${GOCACHE:-}${XDG_CACHE_HOME:-}${HOME:-}" ] || export GOCACHE=$ROOT/clients/go/build/cache
-    mkdir -p "$gopath/src/$(dirname $GO_MODULE)"
-    ln -sfn "$ROOT/clients/go" "$gopath/src/$GO_MODULE"
-    GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$gopath:/usr/share/gocode" \
-        go build -o clients/go/bin/genserve-client $GO_MODULE/cmd/genserve-client
-    GO111MODULE=off GOPROXY=off GOFLAGS= GOPATH="$gopath:/usr/share/gocode" \
-        go build -o clients/go/bin/tgis-client $GO_MODULE/cmd/tgis-client
+    (cd clients/go && GOFLAGS=-mod=vendor GOPROXY=off GOTOOLCHAIN=local GOWORK=off \
+        "$GO" build -o bin/ ./cmd/genserve-client ./cmd/tgis-client)
     echo "built clients/go/bin/genserve-client, clients/go/bin/tgis-client"
 }
 
