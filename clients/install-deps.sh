@@ -9,13 +9,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The Go module's dependencies are vendored (clients/go/vendor): no golang-*-dev package
-# is needed to build it. libgrpc-java does not depend on its
-# transport (netty) or on perfmark/gson/guava/protobuf: list them too.
+# is needed to build it. libgrpc-java does not depend on its transport (netty) or on
+# perfmark/gson/guava/protobuf: list them too. The Maven plugins are the versions
+# clients/java/pom.xml pins; they all land in /usr/share/maven-repo.
 packages="protobuf-compiler
   golang-1.23-go protoc-gen-go protoc-gen-go-grpc
   default-jdk-headless maven libgrpc-java protobuf-compiler-grpc-java-plugin libprotobuf-java
   libnetty-java libperfmark-java libgoogle-gson-java libguava-java
-  libgeronimo-annotation-1.3-spec-java libjsr305-java liberror-prone-java"
+  libgeronimo-annotation-1.3-spec-java libjsr305-java liberror-prone-java
+  libmaven-compiler-plugin-java libmaven-resources-plugin-java libmaven-jar-plugin-java
+  libsurefire-java libexec-maven-plugin-java libbuild-helper-maven-plugin-java
+  libmaven-dependency-plugin-java"
 command -v npm >/dev/null || packages="$packages nodejs npm"
 
 missing=""

@@ -32,9 +32,16 @@ LANGS = ("go", "java", "node")
 # What each language's build needs, as `make interop-deps` installs it.
 TOOLCHAINS = {
     "go": ["protoc", "protoc-gen-go", "protoc-gen-go-grpc", "go>=1.21"],
-    "java": ["protoc", "javac", "java", "/usr/bin/grpc_java_plugin",
-             "/usr/share/java/grpc-netty.jar", "/usr/share/java/netty-codec-http2.jar",
-             "/usr/share/java/geronimo-annotation-1.3-spec.jar"],
+    # Maven offline from Debian's repository: grpc-java and the plugins the pom pins
+    "java": ["protoc", "java", "mvn", "/usr/bin/grpc_java_plugin",
+             *(f"/usr/share/maven-repo/{a}" for a in (
+                 "io/grpc/grpc-netty/1.41.3", "io/netty/netty-codec-http2/debian",
+                 "org/apache/geronimo/specs/geronimo-annotation_1.3_spec/1.3",
+                 "org/apache/maven/plugins/maven-compiler-plugin/3.10.1",
+                 "org/apache/maven/plugins/maven-dependency-plugin/3.5.0",
+                 "org/apache/maven/plugins/maven-surefire-plugin/2.22.3",
+                 "org/codehaus/mojo/exec-maven-plugin/3.1.0",
+                 "org/codehaus/mojo/build-helper-maven-plugin/3.3.0"))],
     "node": ["node", "npm"],
 }
 COMMANDS = {
