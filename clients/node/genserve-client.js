@@ -33,10 +33,26 @@ flags:
   --timeout D         deadline of each call: 30s, 500ms, 2m or seconds (default 60s)
   --max-new-tokens N  stopping.max_new_tokens (default 32)
   --temperature F     sampling.temperature (0 = greedy, the default)
-  --top-p F           sampling.top_p (0 = leave unset)`;
+  --top-p F           sampling.top_p (0 = leave unset)
+  --max-attempts N    attempts per call answered UNAVAILABLE (1 = no retries, at most
+                      5; default 5)`;
 
-// One subchannel per resolved address, calls spread over the READY ones in turn.
-const ROUND_ROBIN = JSON.stringify({loadBalancingConfig: [{round_robin: {}}]});
+// The channel's service config: round_robin (one subchannel per resolved address, calls
+// spread over the READY ones in turn) and, when maxAttempts > 1, a retry policy for
+// GenerationService calls answered UNAVAILABLE (nothing ran: a replica draining or not
+// ready), on the next replica first. A call that got a response header is never retried:
+// a stream is not repeated once it has started.
+function serviceConfig(maxAttempts) {
+  const config = {loadBalancingConfig: [{round_robin: {}}]};
+  if (maxAttempts > 1) {
+    config.methodConfig = [{
+      name: [{service: 'genserve.v1.GenerationService'}],
+      retryPolicy: {maxAttempts, initialBackoff: '0.1s', maxBackoff: '2s',
+        backoffMultiplier: 2, retryableStatusCodes: ['UNAVAILABLE']},
+    }];
+  }
+  return JSON.stringify(config);
+}
 
 class UsageError extends Error {}
 
@@ -48,13 +64,14 @@ function parseDurationMs(text) {
 
 function parseArgs(argv) {
   const opts = {target: 'dns:///localhost:50051', timeoutMs: 60000, maxNewTokens: 32,
-    temperature: 0, topP: 0};
+    temperature: 0, topP: 0, maxAttempts: 5};
   const setters = {
     '-target': (v) => { opts.target = v; },
     '-timeout': (v) => { opts.timeoutMs = parseDurationMs(v); },
     '-max-new-tokens': (v) => { opts.maxNewTokens = Number.parseInt(v, 10); },
     '-temperature': (v) => { opts.temperature = Number(v); },
     '-top-p': (v) => { opts.topP = Number(v); },
+    '-max-attempts': (v) => { opts.maxAttempts = Number.parseInt(v, 10); },
   };
   // Flags first, as with Go's flag package; the first non-flag argument, or "--", ends them.
   let i = 0;
@@ -74,6 +91,7 @@ function parseArgs(argv) {
     ((command === 'generate' || command === 'batch') && rest.length > 0) ||
     (command === 'stream' && rest.length === 1);
   if (!ok) throw new UsageError('');
+  if (!(opts.maxAttempts >= 1 && opts.maxAttempts <= 5)) throw new UsageError('bad --max-attempts');
   return {opts, command, rest};
 }
 
@@ -132,7 +150,7 @@ async function main() {
   const {opts, command, rest} = parsed;
   const genserve = loadPackage('genserve/v1/generation.proto').genserve.v1;
   const health = loadPackage('grpc/health/v1/health.proto').grpc.health.v1;
-  const channelOptions = {'grpc.service_config': ROUND_ROBIN};
+  const channelOptions = {'grpc.service_config': serviceConfig(opts.maxAttempts)};
   const creds = grpc.credentials.createInsecure();
   const gen = new genserve.GenerationService(opts.target, creds, channelOptions);
   const healthClient = new health.Health(opts.target, creds, channelOptions);

@@ -31,11 +31,17 @@ LANGS = ("go", "java", "node")
 
 # What each language's build needs, as `make interop-deps` installs it.
 TOOLCHAINS = {
-    "go": ["protoc", "protoc-gen-go", "protoc-gen-go-grpc", "go",
-           "/usr/share/gocode/src/google.golang.org/grpc/health/grpc_health_v1"],
-    "java": ["protoc", "javac", "java", "/usr/bin/grpc_java_plugin",
-             "/usr/share/java/grpc-netty.jar", "/usr/share/java/netty-codec-http2.jar",
-             "/usr/share/java/geronimo-annotation-1.3-spec.jar"],
+    "go": ["protoc", "protoc-gen-go", "protoc-gen-go-grpc", "go>=1.21"],
+    # Maven offline from Debian's repository: grpc-java and the plugins the pom pins
+    "java": ["protoc", "java", "mvn", "/usr/bin/grpc_java_plugin",
+             *(f"/usr/share/maven-repo/{a}" for a in (
+                 "io/grpc/grpc-netty/1.41.3", "io/netty/netty-codec-http2/debian",
+                 "org/apache/geronimo/specs/geronimo-annotation_1.3_spec/1.3",
+                 "org/apache/maven/plugins/maven-compiler-plugin/3.10.1",
+                 "org/apache/maven/plugins/maven-dependency-plugin/3.5.0",
+                 "org/apache/maven/plugins/maven-surefire-plugin/2.22.3",
+                 "org/codehaus/mojo/exec-maven-plugin/3.1.0",
+                 "org/codehaus/mojo/build-helper-maven-plugin/3.3.0"))],
     "node": ["node", "npm"],
 }
 COMMANDS = {
@@ -45,9 +51,28 @@ COMMANDS = {
 }
 
 
+def go_binary() -> str | None:
+    """The Go toolchain clients/build.sh uses ($GO, bookworm-backports' Go 1.23, or go on
+    the PATH) if it is Go >= 1.21, which the vendored dependencies need; else None."""
+    go = os.environ.get("GO") or next(
+        (g for g in ("/usr/lib/go-1.23/bin/go", shutil.which("go")) if g and Path(g).exists()),
+        None)
+    if go is None:
+        return None
+    version = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True,
+                             env={**os.environ, "GOTOOLCHAIN": "local"}).stdout
+    m = re.match(r"go1\.(\d+)", version.strip())
+    return go if m and int(m.group(1)) >= 21 else None
+
+
+def _present(tool: str) -> bool:
+    if tool == "go>=1.21":
+        return go_binary() is not None
+    return Path(tool).exists() if tool.startswith("/") else shutil.which(tool) is not None
+
+
 def _missing(lang: str) -> list[str]:
-    return [t for t in TOOLCHAINS[lang]
-            if not (Path(t).exists() if t.startswith("/") else shutil.which(t))]
+    return [t for t in TOOLCHAINS[lang] if not _present(t)]
 
 
 _built: dict[str, str | None] = {}  # lang -> None (built) or why it was skipped

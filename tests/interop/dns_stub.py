@@ -16,7 +16,7 @@ _A, _AAAA, _IN = 1, 28, 1
 
 
 def _read_name(packet: bytes, offset: int) -> tuple[str, int]:
-    labels = []
+    labels: list[str] = []
     while True:
         length = packet[offset]
         offset += 1

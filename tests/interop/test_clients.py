@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import grpc
 import pytest
@@ -16,8 +17,11 @@ import pytest
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from tests.interop.conftest import (
+    REPO,
     ServerProcess,
+    build_client,
     free_port,
+    go_binary,
     parse_results,
     require_some_toolchain,
     run_client,
@@ -127,3 +131,36 @@ def test_unavailable_is_explained(client):
     assert r.returncode == 1
     assert "error: server unavailable (not running, still loading the model, or draining)" \
         in r.stderr
+
+
+def test_go_client_is_a_module_build(server):
+    """clients/build.sh builds the Go module with its vendored grpc-go 1.64, not GOPATH."""
+    command = build_client("go")
+    go = go_binary()
+    assert go is not None
+    info = subprocess.run([go, "version", "-m", command[0]], capture_output=True, text=True,
+                          check=True).stdout
+    deps = dict(line.split("\t")[2:4] for line in info.splitlines()
+                if line.startswith("\tdep\t"))
+    assert "\tmod\tgithub.com/genserve/genserve/clients/go\t" in info, info
+    assert deps["google.golang.org/grpc"] == "v1.64.0", info
+    # every module the binary was built from is in go.mod, vendor/modules.txt and go.sum
+    go_dir = REPO / "clients/go"
+    sums = (go_dir / "go.sum").read_text()
+    for mod, version in deps.items():
+        assert f"{mod} {version} h1:" in sums and f"{mod} {version}/go.mod h1:" in sums
+        assert f"# {mod} {version}\n" in (go_dir / "vendor/modules.txt").read_text()
+        assert f"\t{mod} {version}" in (go_dir / "go.mod").read_text()
+    r = run_client(command, *_args(server, "generate", PROMPTS[0]))
+    assert r.returncode == 0, r.stderr
+
+
+def test_java_client_is_a_maven_build(server):
+    """clients/build.sh builds clients/java/pom.xml with Maven: its jar runs on its own."""
+    build_client("java")
+    jar = REPO / "clients/java/target/genserve-client.jar"
+    props = (REPO / "clients/java/target/maven-archiver/pom.properties").read_text()
+    assert "artifactId=genserve-client" in props
+    r = run_client(["java", "-jar", str(jar)], *_args(server, "generate", PROMPTS[0]))
+    assert r.returncode == 0, r.stderr
+    assert parse_results(r.stdout, "generate")[0].finish == "LENGTH"

@@ -3,7 +3,9 @@
 //
 // The channel uses the round_robin load-balancing policy, so a dns:/// target that
 // resolves to several addresses (a headless Kubernetes Service) spreads calls per request
-// across every replica instead of pinning them all to the first one.
+// across every replica instead of pinning them all to the first one, and retries
+// GenerationService calls answered UNAVAILABLE (nothing ran: a replica draining or not
+// ready), on the next replica first.
 //
 //	genserve-client -target dns:///genserve.default.svc.cluster.local:50051 health
 //	genserve-client -max-new-tokens 16 generate "The capital of France is"
@@ -25,15 +27,27 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	genservev1 "github.com/genserve/genserve/clients/go/genservev1"
 )
 
-// roundRobin is the default service config: one subchannel per resolved address, calls
-// spread over the READY ones in turn.
-const roundRobin = `{"loadBalancingConfig": [{"round_robin": {}}]}`
+// serviceConfig is the channel's default service config: round_robin (one subchannel per
+// resolved address, calls spread over the READY ones in turn) and, when maxAttempts > 1,
+// a retry policy for GenerationService calls answered UNAVAILABLE. A call that got a
+// response header is never retried: a stream is not repeated once it has started.
+func serviceConfig(maxAttempts uint) string {
+	config := `{"loadBalancingConfig": [{"round_robin": {}}]`
+	if maxAttempts > 1 {
+		config += fmt.Sprintf(`, "methodConfig": [{
+		"name": [{"service": "genserve.v1.GenerationService"}],
+		"retryPolicy": {"maxAttempts": %d, "initialBackoff": "0.1s", "maxBackoff": "2s",
+			"backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]`, maxAttempts)
+	}
+	return config + "}"
+}
 
 const usage = `usage: genserve-client [flags] COMMAND [ARGS]
 
@@ -60,19 +74,21 @@ func main() {
 	maxNewTokens := flag.Uint("max-new-tokens", 32, "stopping.max_new_tokens")
 	temperature := flag.Float64("temperature", 0, "sampling.temperature (0 = greedy)")
 	topP := flag.Float64("top-p", 0, "sampling.top_p (0 = leave unset)")
+	maxAttempts := flag.Uint("max-attempts", 5,
+		"attempts per call answered UNAVAILABLE (1 = no retries, at most 5)")
 	flag.Usage = func() {
 		fmt.Fprint(flag.CommandLine.Output(), usage)
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if flag.NArg() < 1 {
+	if flag.NArg() < 1 || *maxAttempts < 1 || *maxAttempts > 5 {
 		flag.Usage()
 		os.Exit(2)
 	}
 
-	conn, err := grpc.Dial(*target,
-		grpc.WithInsecure(), // grpc-go 1.33 (Debian 12) predates credentials/insecure
-		grpc.WithDefaultServiceConfig(roundRobin))
+	conn, err := grpc.NewClient(*target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(serviceConfig(*maxAttempts)))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "error: bad target %q: %v\n", *target, err)
 		os.Exit(2)

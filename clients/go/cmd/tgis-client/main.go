@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -65,7 +66,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	conn, err := grpc.Dial(*target, grpc.WithInsecure()) // grpc-go 1.33 (Debian 12)
+	conn, err := grpc.NewClient(*target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "error: bad target %q: %v\n", *target, err)
 		os.Exit(2)

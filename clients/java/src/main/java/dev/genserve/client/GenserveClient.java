@@ -24,8 +24,10 @@ import java.io.FileOutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -34,7 +36,9 @@ import java.util.concurrent.TimeUnit;
  *
  * <p>The channel uses the {@code round_robin} load-balancing policy, so a {@code dns:///}
  * target that resolves to several addresses (a headless Kubernetes Service) spreads calls
- * per request across every replica instead of pinning them all to the first one.
+ * per request across every replica instead of pinning them all to the first one, and
+ * GenerationService calls answered {@code UNAVAILABLE} (nothing ran: a replica draining or
+ * not ready) are retried, on the next replica first.
  *
  * <pre>
  * genserve-client --target dns:///genserve.default.svc.cluster.local:50051 health
@@ -59,7 +63,9 @@ public final class GenserveClient {
       "  --timeout D         deadline of each call: 30s, 500ms, 2m or seconds (default 60s)",
       "  --max-new-tokens N  stopping.max_new_tokens (default 32)",
       "  --temperature F     sampling.temperature (0 = greedy, the default)",
-      "  --top-p F           sampling.top_p (0 = leave unset)");
+      "  --top-p F           sampling.top_p (0 = leave unset)",
+      "  --max-attempts N    attempts per call answered UNAVAILABLE (1 = no retries, at",
+      "                      most 5; default 5)");
 
   private final GenerationServiceGrpc.GenerationServiceBlockingStub generation;
   private final HealthGrpc.HealthBlockingStub health;
@@ -89,6 +95,7 @@ public final class GenserveClient {
     int maxNewTokens = 32;
     float temperature = 0;
     float topP = 0;
+    int maxAttempts = 5;
     List<String> args = new ArrayList<>();
     try {
       int i = 0;
@@ -114,6 +121,7 @@ public final class GenserveClient {
           case "-max-new-tokens": maxNewTokens = Integer.parseUnsignedInt(value); break;
           case "-temperature": temperature = Float.parseFloat(value); break;
           case "-top-p": topP = Float.parseFloat(value); break;
+          case "-max-attempts": maxAttempts = Integer.parseInt(value); break;
           default: throw new IllegalArgumentException("unknown flag: " + argv[i]);
         }
         i++;
@@ -128,13 +136,14 @@ public final class GenserveClient {
     boolean ok = (command.equals("health") && rest.isEmpty())
         || ((command.equals("generate") || command.equals("batch")) && !rest.isEmpty())
         || (command.equals("stream") && rest.size() == 1);
-    if (!ok) {
+    if (!ok || maxAttempts < 1 || maxAttempts > 5) {
       System.err.println(USAGE);
       System.exit(2);
     }
 
     ManagedChannel channel = NettyChannelBuilder.forTarget(target)
-        .defaultLoadBalancingPolicy("round_robin")
+        .defaultServiceConfig(serviceConfig(maxAttempts))
+        .enableRetry()
         .usePlaintext()
         .build();
     int exit = 0;
@@ -156,6 +165,29 @@ public final class GenserveClient {
       channel.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
     }
     System.exit(exit);
+  }
+
+  /**
+   * The channel's service config: round_robin (one subchannel per resolved address, calls
+   * spread over the READY ones in turn) and, when maxAttempts > 1, a retry policy for
+   * GenerationService calls answered UNAVAILABLE. A call that got a response header is
+   * never retried: a stream is not repeated once it has started. (JSON numbers are
+   * doubles here, as the parsed JSON would hold them.)
+   */
+  static Map<String, Object> serviceConfig(int maxAttempts) {
+    Map<String, Object> config = new HashMap<>();
+    config.put("loadBalancingConfig", List.of(Map.of("round_robin", Map.of())));
+    if (maxAttempts > 1) {
+      config.put("methodConfig", List.of(Map.of(
+          "name", List.of(Map.of("service", "genserve.v1.GenerationService")),
+          "retryPolicy", Map.of(
+              "maxAttempts", (double) maxAttempts,
+              "initialBackoff", "0.1s",
+              "maxBackoff", "2s",
+              "backoffMultiplier", 2.0,
+              "retryableStatusCodes", List.of("UNAVAILABLE")))));
+    }
+    return config;
   }
 
   private GenerateRequest request(String prompt) {
