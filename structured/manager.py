@@ -178,8 +178,9 @@ class StructuredOutputs:
         if spec.kind not in ("json_schema", "regex"):
             return
         error, _ = self.llguidance.check(self.llguidance.grammar_text(spec, lenient=True))
-        if error and not isinstance(self.llguidance.classify(error), UnsupportedSpec):
-            raise self.llguidance.classify(error)
+        refusal = self.llguidance.classify(error) if error else None
+        if refusal is not None and not isinstance(refusal, UnsupportedSpec):
+            raise refusal
 
     def _record(self, backend: str, seconds: float, ok: bool) -> None:
         with self._lock:
