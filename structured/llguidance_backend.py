@@ -26,11 +26,12 @@ from structured.spec import COMPACT, LLGUIDANCE, SINGLE, StructuredSpec
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions  # a stub-only TypedDict
 
-# Messages of grammars llguidance cannot *enforce* (another backend may), as opposed to
-# specs that are wrong in themselves. No backend enforces look-around: that is invalid.
-_UNSUPPORTED = re.compile(r"unimplemented|not supported|unsupported|too complex|limit",
-                          re.IGNORECASE)
-_INVALID_ANYWHERE = re.compile(r"look-?around|look-?ahead|look-?behind", re.IGNORECASE)
+# Refusals that mean the spec is wrong in itself, so no backend may serve it (no backend
+# enforces look-around either). Any other refusal means llguidance cannot enforce the spec
+# (an unimplemented keyword, an unknown format, a limit) and another backend may.
+_INVALID = re.compile(r"does not exist|unsatisfiable|regex parse error|look-?around|"
+                      r"look-?ahead|look-?behind|not valid JSON|must be a JSON object|"
+                      r"expected .* for|admits no output", re.IGNORECASE)
 
 
 class UnsupportedSpec(ValueError):
@@ -154,8 +155,7 @@ class LLGuidanceBackend:
     @staticmethod
     def classify(error: str) -> ValueError:
         """The refusal as UnsupportedSpec (another backend may serve it) or ValueError."""
-        unsupported = _UNSUPPORTED.search(error) and not _INVALID_ANYWHERE.search(error)
-        return (UnsupportedSpec if unsupported else ValueError)(first_line(error))
+        return (ValueError if _INVALID.search(error) else UnsupportedSpec)(first_line(error))
 
     def compile(self, spec: StructuredSpec) -> LLGuidanceCompiled:
         try:

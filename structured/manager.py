@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 class StructuredConfig:
     max_spec_bytes: int = 512 * 1024  # real Kubernetes schemas are 100-250 KB
     compile_timeout_s: float = 10.0
-    compile_max_rss_mb: int = 3072  # a compile worker past this is killed
+    compile_max_rss_mb: int = 6144  # a compile worker past this is killed
     cache_size: int = 256
     max_consecutive_whitespace: int = 12
     compile_threads: int = 4  # threads that build llguidance grammars or wait on workers
