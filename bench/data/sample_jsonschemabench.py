@@ -33,7 +33,6 @@ import argparse
 import json
 import random
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in ns:
             doc = json.loads(contents[n])
             t = doc.get("tests") or []
-            tests[n] = (sum(1 for x in t if x.get("valid")), sum(1 for x in t if not x.get("valid")))
+            valid = sum(1 for x in t if x.get("valid"))
+            tests[n] = (valid, len(t) - valid)
             if t:
                 eligible.setdefault(s, []).append(n)
     alloc = allocate({s: len(ns) for s, ns in eligible.items()}, args.n, args.min_per_subset)
