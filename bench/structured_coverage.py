@@ -41,6 +41,7 @@ import json
 import os
 import queue
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -290,8 +291,11 @@ class Worker:
         if args.max_spec_bytes:
             cmd += ["--max-spec-bytes", str(args.max_spec_bytes)]
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+        # its own process group: the manager may run compiles in child processes of the
+        # worker, and killing the worker must end them too
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=log, text=True, bufsize=1, cwd=ROOT, env=env)
+                                     stderr=log, text=True, bufsize=1, cwd=ROOT, env=env,
+                                     start_new_session=True)
         self.lines: queue.Queue[dict | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         ready = self.recv(600)
@@ -322,6 +326,8 @@ class Worker:
             return None
 
     def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group this worker leads
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -650,14 +656,24 @@ def e2e(args: argparse.Namespace, items: list[Item]) -> dict:
                     c = r.response.completions[0]
                     reason = pb.FinishReason.Name(c.finish_reason)
                     rows.append({"file": it.file, "outcome": reason,
+                                 "backend": getattr(r.response, "structured_backend", ""),
+                                 "error": c.error[:300],
                                  "tokens": r.response.usage.completion_tokens,
                                  "valid": validates(it.schema, c.text)
                                  if c.finish_reason == pb.FINISH_REASON_EOS else None,
                                  "text": c.text[:400]})
                 n = len(rows)
                 fin = [r for r in rows if r["outcome"] == "FINISH_REASON_EOS"]
+                outcomes: dict[str, int] = {}
+                for r in rows:
+                    outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+                served_by: dict[str, int] = {}
+                for r in rows:
+                    if r.get("backend"):
+                        served_by[r["backend"]] = served_by.get(r["backend"], 0) + 1
                 out["modes"][mode] = {
-                    "requests": n, "seconds": seconds,
+                    "requests": n, "seconds": seconds, "outcomes": outcomes,
+                    "served_by": served_by,
                     "errors": sum(r["outcome"] == "error" for r in rows),
                     "length": sum(r["outcome"] == "FINISH_REASON_LENGTH" for r in rows),
                     "finished": len(fin), "finished_share": len(fin) / n if n else 0.0,
@@ -678,9 +694,13 @@ def print_e2e(res: dict) -> None:
           f"{res['new_tokens']} new tokens, AUTO, greedy):")
     for mode, m in res["modes"].items():
         v = m["valid_of_finished"]
-        print(f"  whitespace {mode:20}: {m['finished']}/{m['requests']} finished "
-              f"({m['finished_share']:.0%}), {m['length']} cut by length, {m['errors']} refused; "
-              f"valid among finished {'-' if v is None else f'{v:.0%}'} ({m['seconds']:.0f}s)")
+        other = {k: c for k, c in m["outcomes"].items()
+                 if k not in ("FINISH_REASON_EOS", "FINISH_REASON_LENGTH", "error")}
+        print(f"  whitespace {mode:36}: {m['finished']}/{m['requests']} finished "
+              f"({m['finished_share']:.0%}), {m['length']} cut by length, {m['errors']} refused"
+              f"{'; other ' + str(other) if other else ''}; valid among finished "
+              f"{'-' if v is None else f'{v:.0%}'} ({m['seconds']:.0f}s)"
+              f"{'; served by ' + str(m['served_by']) if m['served_by'] else ''}")
     for mode, m in res["modes"].items():
         for r in m["rows"]:
             if r["outcome"] == "error":
@@ -726,6 +746,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args)
+    run(args)
+    return 0
+
+
+def run(args: argparse.Namespace | list[str]) -> dict:
+    """The whole bench (``make bench`` calls it with ``["--quick"]``); prints and writes the
+    results, and returns them."""
+    if not isinstance(args, argparse.Namespace):
+        args = parse_args(args)
     items = load_sample(n=args.n, seed=args.seed)
     load = os.getloadavg()
     print(f"structured coverage: {len(items)} JSONSchemaBench schemas "
@@ -752,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1))
     print(f"\nwrote {args.out}")
-    return 0
+    return res
 
 
 def versions() -> dict[str, str]:
