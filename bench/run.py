@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -179,15 +179,17 @@ class ServerProcess:
     compiled_s: float | None = None  # process start -> background compile done
 
 
-def start_server_process(model: str, port: int, log_path: Path) -> ServerProcess:
+def start_server_process(model: str, port: int, log_path: Path,
+                         extra_args: Sequence[str] = ()) -> ServerProcess:
     """The real ``genserve serve`` in its own process, as deployed: the bench's client
     threads must not share the server's GIL. Timed to SERVING; then waits until the decode
-    step compiled in the background (its log line), so every row measures the same step."""
+    step compiled in the background (its log line), so every row measures the same step
+    (not with ``--enforce-eager`` in ``extra_args``: nothing compiles then)."""
     t0 = time.perf_counter()
     log_file = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--model", model, "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "INFO"],
+         "--port", str(port), "--log-level", "INFO", *extra_args],
         stdout=log_file, stderr=subprocess.STDOUT)
     server: ServerProcess | None = None
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -206,7 +208,7 @@ def start_server_process(model: str, port: int, log_path: Path) -> ServerProcess
     if server is None:
         proc.kill()
         raise TimeoutError("genserve serve did not become SERVING in 300 s")
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and "--enforce-eager" not in extra_args:
         text = log_path.read_text()
         if "decode step compiled" in text or "decode steps stay eager" in text:
             server.compiled_s = time.perf_counter() - t0
