@@ -20,7 +20,10 @@ model's tokenizer:
   every whitespace mode admits), tokenised with the model's tokenizer and fed token by
   token: at each step the bitmask is filled and the token must be allowed by it and
   accepted by the grammar; at the end EOS must be allowed. A valid instance failing that is
-  *over-constraint*; an invalid instance passing it is *under-constraint*.
+  *over-constraint*; an invalid instance passing it is *under-constraint*. Grammars emit
+  (and accept) object properties in the schema's declaration order, which JSON Schema
+  does not require: a refused valid instance is tried again with its keys in schema order,
+  and that share is reported beside the strict one (the paper's).
 
 ``--e2e N`` also sends N sampled schemas in one ``GenerateBatch`` through a real
 ``genserve serve`` process on the default model (192 new tokens, greedy, AUTO) and reports
@@ -125,6 +128,64 @@ def check_instance(grammar, ids: Sequence[int], valid: bool, eos_ids: Iterable[i
         grammar.fill_bitmask(bitmask, 0)
         res.can_end = any(bit(row, e) for e in eos_ids)
     return res
+
+
+def _resolve(root: Any, node: Any, depth: int = 0) -> Any:
+    """``node`` with a local ``$ref`` followed (a few levels at most)."""
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and depth < 16:
+        ref = node["$ref"]
+        if not ref.startswith("#"):
+            return node
+        target: Any = root
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                return node
+        node, depth = target, depth + 1
+    return node
+
+
+def _property_schemas(root: Any, node: Any, depth: int = 0) -> dict[str, Any]:
+    """The ``properties`` a schema node declares, in order, its ``allOf``/``anyOf``/``oneOf``
+    branches' after its own (first declaration wins)."""
+    node = _resolve(root, node)
+    out: dict[str, Any] = {}
+    if not isinstance(node, dict) or depth > 8:
+        return out
+    props = node.get("properties")
+    if isinstance(props, dict):
+        out.update(props)
+    for key in ("allOf", "anyOf", "oneOf"):
+        for branch in node.get(key) or []:
+            for name, sub in _property_schemas(root, branch, depth + 1).items():
+                out.setdefault(name, sub)
+    return out
+
+
+def in_schema_order(root: Any, node: Any, value: Any) -> Any:
+    """``value`` with every object's keys in the order its schema declares them (keys the
+    schema does not name keep their order, after those it does). JSON Schema ignores key
+    order, but grammars emit (and so accept) properties in declaration order: a valid
+    instance refused only for its key order is an artefact of the instance, not a
+    constraint a generation would meet."""
+    node = _resolve(root, node)
+    if isinstance(value, dict):
+        props = _property_schemas(root, node)
+        first = [k for k in props if k in value]
+        rest = [k for k in value if k not in props]
+        return {k: in_schema_order(root, props.get(k, {}), value[k]) for k in first + rest}
+    if isinstance(value, list) and isinstance(node, dict):
+        items, prefix = node.get("items"), node.get("prefixItems")
+        if isinstance(items, list):  # draft 4-7 tuple form
+            prefix, items = items, node.get("additionalItems")
+        prefix = prefix if isinstance(prefix, list) else []
+        return [in_schema_order(root, prefix[i] if i < len(prefix) else (items or {}), v)
+                for i, v in enumerate(value)]
+    return value
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,6 +332,16 @@ def worker_main(args: argparse.Namespace) -> int:
                 res = {"k": k, "valid": r.valid, "tokens": r.tokens, "accepted": r.accepted,
                        "can_end": r.can_end, "disagreement": r.disagreement,
                        "mask_us": [round(s * 1e6, 1) for s in r.mask_s]}
+                if r.valid and not r.grammar_accepts:
+                    # refused: is it only the key order? (not timed: the steps are repeats)
+                    ordered = in_schema_order(task["schema_obj"], task["schema_obj"],
+                                              test["data"])
+                    if serialise(ordered) != serialise(test["data"]):
+                        factory.release(proc)
+                        proc = factory.create()
+                        ids2 = tok.encode(serialise(ordered), add_special_tokens=False)
+                        r2 = check_instance(proc.grammar, ids2, True, eos, words)
+                        res["reordered_accepted"] = r2.grammar_accepts
             except Exception as e:  # a backend crash mid-instance: counted, not fatal
                 res = {"k": k, "valid": bool(test["valid"]), "tokens": len(ids),
                        "error": f"{type(e).__name__}: {e}"[:500]}
@@ -350,6 +421,7 @@ class SchemaResult:
     lenient: bool = False
     valid_total: int = 0
     valid_ok: int = 0
+    valid_ok_reordered: int = 0  # valid_ok + refused ones accepted with keys in schema order
     invalid_total: int = 0
     invalid_ok: int = 0
     untested: int = 0  # instances not checked (instance time limit, crash)
@@ -370,7 +442,7 @@ def run_one(worker: Worker, item: Item, backend: str, args: argparse.Namespace,
     """One schema on one backend's worker; returns the result and whether the worker is
     still usable."""
     res = SchemaResult(item.file, item.subset, "served")
-    worker.send({"schema": item.schema_text, "backend": backend,
+    worker.send({"schema": item.schema_text, "schema_obj": item.schema, "backend": backend,
                  "whitespace": args.whitespace, "tests": item.tests})
     # the worker times the compile itself; the slack covers pipes and a busy machine
     msg = worker.recv(args.limit + 2.0)
@@ -423,12 +495,14 @@ def run_one(worker: Worker, item: Item, backend: str, args: argparse.Namespace,
         if r["valid"]:
             res.valid_total += 1
             res.valid_ok += accepted
+            res.valid_ok_reordered += accepted or bool(r.get("reordered_accepted"))
         else:
             res.invalid_total += 1
             res.invalid_ok += not accepted
         if accepted != r["valid"]:
             res.failures.append({"k": r["k"], "valid": r["valid"], "tokens": r["tokens"],
-                                 "accepted": r["accepted"], "can_end": r["can_end"]})
+                                 "accepted": r["accepted"], "can_end": r["can_end"],
+                                 "reordered_accepted": r.get("reordered_accepted")})
 
 
 def pct(xs: Sequence[float], q: float) -> float | None:
@@ -467,7 +541,10 @@ def summarise(backend: str, rows: list[SchemaResult], mask_us: list[float],
                     "mean": statistics.fmean(mask_us) if mask_us else None,
                     "steps": len(mask_us)},
         "valid": {"total": vt, "accepted": sum(r.valid_ok for r in served),
-                  "share": sum(r.valid_ok for r in served) / vt if vt else None},
+                  "share": sum(r.valid_ok for r in served) / vt if vt else None,
+                  "accepted_in_schema_order": sum(r.valid_ok_reordered for r in served),
+                  "share_in_schema_order": sum(r.valid_ok_reordered for r in served) / vt
+                  if vt else None},
         "invalid": {"total": it, "rejected": sum(r.invalid_ok for r in served),
                     "share": sum(r.invalid_ok for r in served) / it if it else None},
         "schemas_over_constrained": sum(r.valid_ok < r.valid_total for r in served),
@@ -491,10 +568,14 @@ def fmt_share(num: int, den: int) -> str:
     return f"{num}/{den} {num / den:6.1%}" if den else "-"
 
 
+def fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def print_table(summaries: list[dict], limit: float) -> None:
     print(f"\n{'backend':20} {'served':>13} {'t/o':>4} {'TTFM p50':>9} {'p95':>8} {'p99':>8} "
-          f"{'max':>8} {'>1s':>4} {'mask p50':>9} {'p99':>8}  {'valid accepted':>16}  "
-          f"{'invalid rejected':>16}  {'full':>4}")
+          f"{'max':>8} {'>1s':>4} {'mask p50':>9} {'p99':>8}  {'valid accepted':>16} "
+          f"{'(key order)':>11}  {'invalid rejected':>16}  {'full':>4}")
     for s in summaries:
         t, m = s["ttfm_s"], s["mask_us"]
         mk = ("-" if m["p50"] is None else f"{m['p50']:.0f}us",
@@ -503,7 +584,8 @@ def print_table(summaries: list[dict], limit: float) -> None:
               f"{s['status'].get('timeout', 0):4} {fmt_s(t['p50'], limit):>9} "
               f"{fmt_s(t['p95'], limit):>8} {fmt_s(t['p99'], limit):>8} "
               f"{fmt_s(t['max'], limit):>8} {t['over_1s']:4} {mk[0]:>9} {mk[1]:>8}  "
-              f"{fmt_share(s['valid']['accepted'], s['valid']['total']):>16}  "
+              f"{fmt_share(s['valid']['accepted'], s['valid']['total']):>16} "
+              f"{fmt_pct(s['valid']['share_in_schema_order']):>11}  "
               f"{fmt_share(s['invalid']['rejected'], s['invalid']['total']):>16}  "
               f"{s['schemas_fully_compliant']:4}")
     for s in summaries:
@@ -525,6 +607,8 @@ def targets(summaries: list[dict]) -> dict[str, bool]:
         "AUTO serves >= 98% of sampled schemas": auto["served_share"] >= 0.98,
         "AUTO p99 time to first mask <= 1 s": t["p99"] is not None and t["p99"] <= 1.0,
         "AUTO accepts >= 99% of valid instances": (auto["valid"]["share"] or 0) >= 0.99,
+        "AUTO accepts >= 99% of valid instances, keys in schema order":
+            (auto["valid"]["share_in_schema_order"] or 0) >= 0.99,
     }
 
 

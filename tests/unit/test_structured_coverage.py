@@ -176,3 +176,16 @@ def test_sample_matches_its_manifest():
                                                       for f in manifest["files"])
     quick = load_sample(n=30, seed=0)
     assert len(quick) == 30 and len({it.subset for it in quick}) >= 15
+
+
+def test_in_schema_order_follows_properties_refs_and_items():
+    from bench.structured_coverage import in_schema_order
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"},
+                                               "b": {"$ref": "#/definitions/B"}},
+              "definitions": {"B": {"type": "array", "items": {
+                  "allOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]}}}}
+    value = {"extra": 0, "b": [{"z": 1, "y": 2, "x": 3}], "a": 1}
+    got = in_schema_order(schema, schema, value)
+    assert serialise(got) == '{"a":1,"b":[{"x":3,"y":2,"z":1}],"extra":0}'
+    assert got == value  # the same instance, only its key order changed
