@@ -36,6 +36,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 DATA = "maskbench/data"
 OUT = Path(__file__).parent / "jsonschemabench"
@@ -167,13 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         for p in args.out.glob("*.json"):
             p.unlink()
     args.out.mkdir(parents=True, exist_ok=True)
-    files = []
+    files: list[dict[str, Any]] = []
     for s, n in chosen:
         (args.out / n).write_bytes(contents[n])
         v, i = tests[n]
         files.append({"file": n, "subset": s, "blob": src.blob_id(n, contents[n]),
                       "bytes": len(contents[n]), "valid": v, "invalid": i})
-    manifest = {
+    manifest: dict[str, Any] = {
         "source": "github.com/guidance-ai/jsonschemabench, maskbench/data",
         "commit": src.commit, "seed": args.seed, "n": args.n,
         "min_per_subset": args.min_per_subset, "held_out_per_subset": HELD_OUT,
