@@ -635,12 +635,12 @@ def coverage(args: argparse.Namespace, items: list[Item]) -> dict:
                     w = workers[b]
                     if w is None:
                         w = workers[b] = Worker(args, log)
-                        restarts[b] += 1
                     res, usable = run_one(w, item, b, args, masks[b])
                     rows[b].append(res)
-                    if not usable:
+                    if not usable:  # killed: the next schema starts a fresh worker
                         w.kill()
                         workers[b] = None
+                        restarts[b] += 1
                 if args.verbose or (i + 1) % 20 == 0:
                     line = ", ".join(f"{b} {sum(r.status == 'served' for r in rows[b])}"
                                      for b in backends)
@@ -652,7 +652,7 @@ def coverage(args: argparse.Namespace, items: list[Item]) -> dict:
                     w.kill()
     summaries = [summarise(b, rows[b], masks[b], args.limit) for b in backends]
     for s in summaries:
-        s["worker_restarts"] = restarts[s["backend"]]
+        s["worker_kills"] = restarts[s["backend"]]
     return {"summaries": summaries, "schemas": {b: [asdict(r) for r in rows[b]]
                                                 for b in backends},
             "worker": {k: first.ready[k] for k in ("vocab_size", "eos", "config",
@@ -860,7 +860,8 @@ def run(args: argparse.Namespace | list[str]) -> dict:
           f"{sum(len(i.tests) for i in items)} instances; whitespace "
           f"{args.whitespace or 'default'}; load {load[0]:.2f} before, "
           f"{res['load_after'][0]:.2f} after ({res['seconds']:.0f}s)")
-    print_table(res["summaries"], args.limit)
+    if res["summaries"]:
+        print_table(res["summaries"], args.limit)
     res["targets"] = targets(res["summaries"])
     if args.e2e:
         res["e2e"] = e2e(args, items)
