@@ -675,18 +675,21 @@ def e2e_prompt(schema_text: str) -> str:
     return PROMPT.format(schema=schema_text)
 
 
-def validates(schema: Any, text: str) -> bool:
+def validation_error(schema: Any, text: str) -> str | None:
+    """None when ``text`` is JSON valid against ``schema`` (formats checked), else why."""
     import jsonschema
 
     try:
         value = json.loads(text)
         cls = jsonschema.validators.validator_for(schema)
         cls(schema, format_checker=cls.FORMAT_CHECKER).validate(value)
-        return True
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    except Exception:  # a schema jsonschema cannot handle (bad $ref...)
-        return False
+        return None
+    except jsonschema.ValidationError as e:
+        return f"{e.message[:200]} at {list(e.absolute_path)[:8]}"
+    except ValueError as e:
+        return f"not JSON: {e}"
+    except Exception as e:  # a schema jsonschema cannot handle (bad $ref...)
+        return f"{type(e).__name__}: {e}"[:200]
 
 
 def e2e(args: argparse.Namespace, items: list[Item]) -> dict:
@@ -742,13 +745,15 @@ def e2e(args: argparse.Namespace, items: list[Item]) -> dict:
                         continue
                     c = r.response.completions[0]
                     reason = pb.FinishReason.Name(c.finish_reason)
+                    why = (validation_error(it.schema, c.text)
+                           if c.finish_reason == pb.FINISH_REASON_EOS else None)
                     rows.append({"file": it.file, "outcome": reason,
                                  "backend": getattr(r.response, "structured_backend", ""),
                                  "error": c.error[:300],
                                  "tokens": r.response.usage.completion_tokens,
-                                 "valid": validates(it.schema, c.text)
+                                 "valid": why is None
                                  if c.finish_reason == pb.FINISH_REASON_EOS else None,
-                                 "text": c.text[:400]})
+                                 "invalid_because": why, "text": c.text})
                 n = len(rows)
                 fin = [r for r in rows if r["outcome"] == "FINISH_REASON_EOS"]
                 outcomes: dict[str, int] = {}
@@ -792,6 +797,8 @@ def print_e2e(res: dict) -> None:
         for r in m["rows"]:
             if r["outcome"] == "error":
                 print(f"    {mode} refused {r['file']}: {r['error'][:160]}")
+            elif r.get("invalid_because"):
+                print(f"    {mode} INVALID {r['file']}: {r['invalid_because'][:160]}")
 
 
 # ---------------------------------------------------------------------------------------
