@@ -430,10 +430,12 @@ class SchemaResult:
 
 
 def classify_refusal(msg: str) -> str:
-    if "took longer than" in msg:
+    if "took longer than" in msg or "took too long" in msg:
         return "timeout"
     if "bytes; the limit" in msg:
         return "too_big"
+    if "compiling used more than" in msg:
+        return "memory_limit"
     return "refused"
 
 
