@@ -31,8 +31,10 @@ the share finished (EOS, not length) and the share of finished outputs that vali
 (``jsonschema``), per whitespace mode when the proto has ``StructuredOutput.whitespace``.
 
 Each backend runs in its own worker process (no shared caches between backends; a killed
-worker is restarted for the next schema); schemas are interleaved across backends so the
-machine's load drifts alike for all of them. Results: a table on stdout and
+worker is restarted for the next schema), warmed up first as a server is before its first
+request (every backend compiles a trivial schema once, so compile worker processes are up);
+schemas are interleaved across backends so the machine's load drifts alike for all of
+them. Results: a table on stdout and
 ``bench/results/structured_coverage.json``.
 """
 
@@ -305,6 +307,20 @@ def worker_main(args: argparse.Namespace) -> int:
     loop = asyncio.new_event_loop()
     for line in sys.stdin:
         task = json.loads(line)
+        if task.get("warmup"):
+            # what a server has done before its first request: every backend's lazy set-up
+            # (compile worker processes included) run once on a trivial schema
+            w0, errors = time.perf_counter(), {}
+            for name in so.backends:
+                schema = json.dumps({"type": "object", "description": f"warm-up {name}"})
+                try:
+                    f = loop.run_until_complete(so.factory(StructuredSpec(
+                        "json_schema", schema, name)))
+                    f.create().grammar.fill_bitmask(torch.zeros(1, words, dtype=torch.int32), 0)
+                except Exception as e:
+                    errors[name] = f"{type(e).__name__}: {e}"[:300]
+            send({"warm": True, "seconds": time.perf_counter() - w0, "errors": errors})
+            continue
         extra = {"whitespace": task["whitespace"]} if has_ws and task["whitespace"] else {}
         spec = StructuredSpec("json_schema", task["schema"], task["backend"], **extra)
         c0, w0 = time.process_time(), time.perf_counter()
@@ -374,6 +390,8 @@ class Worker:
             self.kill()
             raise RuntimeError("a bench worker failed to start (see the worker log)")
         self.ready = ready
+        self.send({"warmup": True})
+        self.warm = self.recv(300) or {"warm": False, "seconds": None, "errors": {}}
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -630,6 +648,8 @@ def coverage(args: argparse.Namespace, items: list[Item]) -> dict:
         rows: dict[str, list[SchemaResult]] = {b: [] for b in backends}
         masks: dict[str, list[float]] = {b: [] for b in backends}
         restarts = dict.fromkeys(backends, 0)
+        warmups: dict[str, list] = {b: [] for b in backends}
+        warmups[backends[0]].append(first.warm)
         t_start = time.perf_counter()
         try:
             for i, item in enumerate(items):
@@ -637,6 +657,7 @@ def coverage(args: argparse.Namespace, items: list[Item]) -> dict:
                     w = workers[b]
                     if w is None:
                         w = workers[b] = Worker(args, log)
+                        warmups[b].append(w.warm)
                     res, usable = run_one(w, item, b, args, masks[b])
                     rows[b].append(res)
                     if not usable:  # killed: the next schema starts a fresh worker
@@ -655,6 +676,7 @@ def coverage(args: argparse.Namespace, items: list[Item]) -> dict:
     summaries = [summarise(b, rows[b], masks[b], args.limit) for b in backends]
     for s in summaries:
         s["worker_kills"] = restarts[s["backend"]]
+        s["worker_warmups"] = warmups[s["backend"]]
     return {"summaries": summaries, "schemas": {b: [asdict(r) for r in rows[b]]
                                                 for b in backends},
             "worker": {k: first.ready[k] for k in ("vocab_size", "eos", "config",
