@@ -881,7 +881,8 @@ def run(args: argparse.Namespace | list[str]) -> dict:
           f"({sum(len(i.tests) for i in items)} instances), limit {args.limit:g}s to first "
           f"mask; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
           f"{os.cpu_count()} cores", file=sys.stderr)
-    res = coverage(args, items) if not args.e2e_only else {"summaries": [], "seconds": 0.0}
+    res: dict[str, Any] = (coverage(args, items) if not args.e2e_only
+                           else {"summaries": [], "seconds": 0.0})
     res.update({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "schemas_n": len(items), "limit_s": args.limit,
                 "instance_limit_s": args.instance_limit, "whitespace": args.whitespace,
