@@ -41,6 +41,17 @@ from engine.model_runner import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork
 log = logging.getLogger(__name__)
 
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default f16 K and V cache
+LLAMA_MAX_SEQ = 256  # llama.cpp's bound on sequences in one context (src/llama-cparams.h)
+# Batch invariance: a sequence's logits must not depend on what else runs in its step, or
+# greedy output would change with batch mates, chunking and preemption. llama.cpp's CPU
+# attention without flash attention sums over KV cells with SIMD lanes, so its result
+# depends on which cells a sequence landed in; flash attention's per-query kernel walks a
+# sequence's cells in order and does not, but from 64 queries in one ubatch llama.cpp
+# switches to a tiled kernel whose logits differ (by up to 0.56 on the default model).
+# Hence flash attention on and ubatches of at most 63 tokens (prefill ~30% slower than
+# 512-token ubatches, decode unaffected up to 63 rows a step).
+FLASH_ATTN = 1  # llama_context_params.flash_attn_type: -1 auto, 0 off, 1 on
+MAX_UBATCH = 63
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
 _backend_ready = False
@@ -157,18 +168,19 @@ class LlamaCppRunner:
         if self.num_blocks < 2:
             raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer "
                              f"than 2 blocks ({bytes_per_block} bytes each)")
-        if config.max_num_seqs > llama_cpp.LLAMA_MAX_SEQ:
-            raise ValueError(f"the llama.cpp runner holds at most {llama_cpp.LLAMA_MAX_SEQ} "
+        if config.max_num_seqs > LLAMA_MAX_SEQ:
+            raise ValueError(f"the llama.cpp runner holds at most {LLAMA_MAX_SEQ} "
                              f"sequences; --max-num-seqs is {config.max_num_seqs}")
         self.n_batch = config.max_num_batched_tokens + config.max_num_seqs
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.num_blocks * config.block_size
         cparams.n_batch = self.n_batch
-        cparams.n_ubatch = min(self.n_batch, 512)
+        cparams.n_ubatch = min(self.n_batch, MAX_UBATCH)
         cparams.n_seq_max = config.max_num_seqs
         cparams.kv_unified = True
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.no_perf = True
+        cparams.flash_attn_type = FLASH_ATTN
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             raise ValueError(f"llama.cpp could not create a context for {path} "

@@ -79,6 +79,13 @@ def choose_runner(config: EngineConfig) -> str:
     return "llamacpp"
 
 
+def torch_runner(runner: Runner) -> ModelRunner:
+    """``runner`` as the torch runner, for callers that reach into its model (benches)."""
+    if not isinstance(runner, ModelRunner):
+        raise TypeError(f"needs the torch runner; this engine runs {runner.name}")
+    return runner
+
+
 def create_runner(config: EngineConfig, share_weights: Runner | None = None) -> Runner:
     """The runner for ``config``; ``share_weights`` (torch only) reuses a loaded model."""
     if share_weights is not None:
