@@ -182,3 +182,31 @@ def test_a_failing_processor_fails_only_its_sequence(engine, ids):
         assert tokens(res, f"h{i}") == tokens(expected, f"h{i}"), f"prompt {i}"
         assert res[f"h{i}"][0].finish_reason is FinishReason.LENGTH
     assert engine.scheduler.allocator.num_used == 0
+
+
+def test_prompt_logprobs_are_llama_cpps_own(engine, ids):
+    """Prompt-logprob rows come back after the sampled rows, as the torch runner orders
+    them; their values are llama.cpp's own logits of the prompt."""
+    import llama_cpp
+    import numpy as np
+
+    prompt = ids[2] + ids[4]
+    llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS, flash_attn=True,
+                          n_ubatch=MAX_UBATCH, logits_all=True, verbose=False)
+    llm.eval(prompt)
+    scores = np.asarray(llm.scores[:len(prompt) - 1], dtype=np.float64)
+    llm.close()
+    lse = np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1)) + scores.max(-1)
+    expected = scores[np.arange(len(prompt) - 1), prompt[1:]] - lse
+    # Beside another request (still running when the prompt is done: no cells freed
+    # meanwhile) and in 7-token chunks, so rows of both kinds share steps.
+    chunked = LLMEngine(config(max_num_batched_tokens=7))
+    chunked.add_request("other", ids[0], greedy(12))
+    chunked.add_request("p", prompt, SamplingParams(max_new_tokens=2, prompt_logprobs=1))
+    got = None
+    while chunked.has_work:
+        for out in chunked.step():
+            if out.request_id == "p" and out.prompt_logprobs is not None:
+                got = out.prompt_logprobs
+    assert got is not None and [t.token_id for t in got] == prompt[1:]
+    np.testing.assert_allclose([t.logprob for t in got], expected, atol=1e-4)
