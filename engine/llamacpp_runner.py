@@ -139,7 +139,7 @@ class LlamaCppRunner:
         self.dtype = torch.float32  # of the logits it returns
         self.model_id = source.model_id
         self.block_size = config.block_size
-        self.max_rows_per_seq = 1  # raised by the engine for speculation: bounds n_batch
+        self.max_rows_per_seq = 1  # set by the engine (speculation); steps past n_batch split
         self.threads = config.threads or default_threads()
 
         start = time.perf_counter()
@@ -153,16 +153,19 @@ class LlamaCppRunner:
         self.quantization = (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(self.model))
                              or b"?").decode()
         n_layer = llama_cpp.llama_model_n_layer(self.model)
-        n_head = llama_cpp.llama_model_n_head(self.model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
-        head_dim = llama_cpp.llama_model_n_embd(self.model) // n_head
+        head_dim = llama_cpp.llama_model_n_embd(self.model) // llama_cpp.llama_model_n_head(
+            self.model)
+        arch = self._meta("general.architecture")
+        k_dim = int(self._meta(f"{arch}.attention.key_length") or head_dim)
+        v_dim = int(self._meta(f"{arch}.attention.value_length") or head_dim)
         model_max = llama_cpp.llama_model_n_ctx_train(self.model) or DEFAULT_MAX_MODEL_LEN
         self.max_model_len = min(model_max, config.max_model_len or DEFAULT_MAX_MODEL_LEN)
         if config.max_model_len and config.max_model_len > model_max:
             log.warning("max_model_len %d exceeds the model's %d; using %d",
                         config.max_model_len, model_max, model_max)
 
-        bytes_per_block = 2 * n_layer * n_head_kv * head_dim * KV_BYTES_PER_ELEMENT \
+        bytes_per_block = n_layer * n_head_kv * (k_dim + v_dim) * KV_BYTES_PER_ELEMENT \
             * config.block_size
         self.num_blocks = config.kv_cache_memory // bytes_per_block
         if self.num_blocks < 2:
@@ -214,6 +217,12 @@ class LlamaCppRunner:
             self.model = None
 
     # ---- model facts ----------------------------------------------------------------
+
+    def _meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text, None when the file has no such key."""
+        buf = ctypes.create_string_buffer(256)
+        n = self.llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
 
     def _check_vocab(self) -> None:
         """The engine tokenises with the HF tokenizer (as the torch runner does); its ids
