@@ -141,6 +141,12 @@ class LlamaCppRunner:
         self.block_size = config.block_size
         self.max_rows_per_seq = 1  # set by the engine (speculation); steps past n_batch split
         self.threads = config.threads or default_threads()
+        if torch.get_num_threads() > 1:
+            # torch only samples here, and its OpenMP workers spin after each parallel op,
+            # stealing the cores llama.cpp computes on (a batch-1 step on this 2-core
+            # machine: 41 ms with torch's 2 threads, 21 ms with 1).
+            log.info("llama.cpp runner: torch limited to 1 thread (it only samples)")
+            torch.set_num_threads(1)
 
         start = time.perf_counter()
         mparams = llama_cpp.llama_model_default_params()

@@ -51,6 +51,16 @@ def greedy(n: int = MAX_NEW) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, ignore_eos=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def torch_threads():
+    """The runner limits torch to one thread: give later test modules theirs back."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
     return LLMEngine(config())
