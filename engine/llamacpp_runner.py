@@ -29,13 +29,14 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from engine.compiled_step import WarmupReport
 from engine.config import EngineConfig
-from engine.model_loader import load_tokenizer, resolve_model
+from engine.model_loader import ModelSource, hf_source, load_tokenizer, resolve_model
 from engine.model_runner import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class LlamaCppRunner:
 
         self.tokenizer = load_tokenizer(source)
         self._check_vocab()
+        self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
         log.info("llama.cpp runner: %s (%s, %s) loaded in %.1fs; %d threads; KV cache %d "
@@ -256,9 +258,11 @@ class LlamaCppRunner:
         return list(buf[:n])
 
     def eos_token_ids(self) -> list[int]:
-        """The GGUF's end-of-sequence and end-of-turn tokens, and the tokenizer's EOS."""
-        ids = {self.llama_cpp.llama_vocab_eos(self.vocab),
-               self.llama_cpp.llama_vocab_eot(self.vocab)}
+        """The torch runner's set (the model's and its generation config's EOS ids and the
+        tokenizer's), so both runners end on the same tokens; llama.cpp's EOS when the HF
+        config cannot be read. (llama.cpp's own end-of-generation set is wider: it also
+        ends at SmolLM2's <|endoftext|>, which the HF config does not list.)"""
+        ids = set(self._config_eos) or {self.llama_cpp.llama_vocab_eos(self.vocab)}
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return sorted(i for i in ids if 0 <= i < self.vocab_size)
@@ -370,3 +374,23 @@ class LlamaCppRunner:
         last = dict(zip(slots, positions, strict=True))
         for slot, pos in last.items():
             self._cached[slot] = pos + 1
+
+
+def _config_eos_ids(source: ModelSource) -> set[int]:
+    """EOS ids of the model's HF config and generation config (what the torch runner
+    reads), from the converted-weights cache entry the tokenizer came from."""
+    from transformers import AutoConfig, GenerationConfig
+
+    hf = hf_source(source)
+    kwargs: dict[str, Any] = {"gguf_file": hf.gguf_file} if hf.gguf_file else {}
+    ids: set[int] = set()
+    for load in (GenerationConfig.from_pretrained, AutoConfig.from_pretrained):
+        try:
+            eos = getattr(load(hf.directory, **kwargs), "eos_token_id", None)
+        except (OSError, ValueError):  # no such file in the entry
+            continue
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(eos)
+    return ids
