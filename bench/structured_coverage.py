@@ -738,7 +738,7 @@ def e2e(args: argparse.Namespace, items: list[Item]) -> dict:
     # eager: the decode step's background compile would take minutes of this CPU and does
     # not change what the grammar lets through
     server = start_server_process(args.model, port, RESULTS / "structured_coverage.server.log",
-                                  ["--enforce-eager"])
+                                  "torch", ["--enforce-eager"])
     out: dict[str, Any] = {"schemas": [it.file for it in chosen], "new_tokens": args.e2e_tokens,
                            "modes": {}, "whitespace_field": has_ws}
     try:

@@ -10,6 +10,10 @@ class EngineConfig:
     """Knobs of the engine; the CLI flags of ``genserve serve`` map onto these 1:1."""
 
     model: str = "default"  # HF directory, .gguf file, or "default" (embedded SmolLM2)
+    # Which model runner (engine/runner.py): auto = llama.cpp for a .gguf on CPU when the
+    # llama_cpp package is importable, torch otherwise.
+    runner: str = "auto"  # auto | torch | llamacpp
+    threads: int | None = None  # llama.cpp runner's threads; None = the cores we may use
     max_model_len: int | None = None  # None = min(model's max positions, 4096)
     max_num_seqs: int = 64  # sequences running in one step
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
@@ -40,6 +44,8 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
     eos_token_ids: list[int] = field(default_factory=list)
+    runner: str = "torch"  # the model runner that runs: "torch" | "llamacpp"
+    quantization: str = ""  # weights as they run: "float32", "bfloat16", "Q4_1", ...
     spec_method: str = ""  # "" = speculative decoding off
     spec_k: int = 0
 

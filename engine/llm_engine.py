@@ -20,9 +20,9 @@ import torch
 from engine.config import EngineConfig, ModelInfo, QueueFullError, RequestError
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logits_process import bind
-from engine.model_runner import ModelRunner
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
 from engine.processors import ProcessorRunner, overlap_pays
+from engine.runner import Runner, create_runner
 from engine.sampler import Sampler, SamplingMetadata
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
@@ -40,16 +40,19 @@ class LLMEngine:
         """``share_weights``: reuse another engine's loaded model; ``speculator``: builds
         the speculative decoder from the target's runner (``specdecode.speculator_for``)."""
         self.config = config
-        self.runner: ModelRunner = ModelRunner(
+        self.runner: Runner = create_runner(
             config, share_weights.runner if share_weights else None)
         self.tokenizer = self.runner.tokenizer
         self.info = ModelInfo(model_id=self.runner.model_id,
                               max_model_len=self.runner.max_model_len,
                               vocab_size=self.runner.vocab_size,
-                              eos_token_ids=self.runner.eos_token_ids())
+                              eos_token_ids=self.runner.eos_token_ids(),
+                              runner=self.runner.name,
+                              quantization=self.runner.quantization)
         self._eos = set(self.info.eos_token_ids)
         self.scheduler = Scheduler(self.runner.num_blocks, config.block_size,
-                                   config.max_num_seqs, config.max_num_batched_tokens)
+                                   config.max_num_seqs, config.max_num_batched_tokens,
+                                   on_free=lambda seq: self.runner.release(seq.seq_id))
         self.sampler = Sampler()
         self.processor_runner = ProcessorRunner(
             config.overlap_prepare if config.overlap_prepare is not None

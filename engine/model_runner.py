@@ -33,6 +33,7 @@ class DecodeRow:
     token_id: int
     position: int
     block_table: list[int]
+    seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
 
 
 @dataclass
@@ -45,9 +46,12 @@ class PrefillWork:
     # Tokens of the chunk (0-based) whose logits rows are also returned, after every other
     # row of the step: prompt logprobs, asked for by a request
     prompt_rows: range = range(0)
+    seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
 
 
 class ModelRunner:
+    name = "torch"
+
     def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,
                  num_blocks: int | None = None) -> None:
         """``share_weights``: reuse another runner's loaded model and tokenizer (with a KV
@@ -71,6 +75,7 @@ class ModelRunner:
         n_kv = getattr(text_cfg, "num_key_value_heads", None) or n_heads
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // n_heads
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.quantization = str(self.dtype).removeprefix("torch.")  # weights as they run
         model_max = getattr(text_cfg, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)
         wanted = config.max_model_len or DEFAULT_MAX_MODEL_LEN
         self.max_model_len = min(model_max, wanted)
@@ -112,6 +117,9 @@ class ModelRunner:
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return sorted(ids)
+
+    def release(self, seq_id: int) -> None:
+        """Nothing kept per sequence: its KV lives in the blocks the scheduler frees."""
 
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size

@@ -12,6 +12,7 @@ output tokens and processor state, to be prefilled again later.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.kv_cache import BlockAllocator
@@ -27,7 +28,11 @@ class ScheduledSeq:
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int,
+                 on_free: Callable[[Sequence], None] | None = None) -> None:
+        """``on_free``: told each time a sequence's blocks are freed (finish, abort,
+        preemption), for a runner that keeps state of its own per sequence."""
+        self.on_free = on_free
         self.allocator = BlockAllocator(num_blocks)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
@@ -51,7 +56,12 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._free(seq)
+
+    def _free(self, seq: Sequence) -> None:
         self.allocator.free(seq.block_table)
+        if self.on_free is not None:
+            self.on_free(seq)
 
     def reserve(self, seq: Sequence, num_tokens: int) -> bool:
         """Blocks for the first ``num_tokens`` positions of ``seq``; False (nothing taken)
@@ -66,7 +76,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        self.allocator.free(seq.block_table)
+        self._free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SeqStatus.WAITING

@@ -15,8 +15,9 @@ from typing import Protocol
 
 import torch
 
-from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
+from engine.model_runner import DecodeRow, PrefillWork
 from engine.outputs import SpecStats
+from engine.runner import Runner
 from engine.sampler import SamplingMetadata
 from engine.sequence import Sequence
 
@@ -53,4 +54,4 @@ class Speculator(Protocol):
         ...
 
 
-SpeculatorFactory = Callable[[ModelRunner], Speculator]
+SpeculatorFactory = Callable[[Runner], Speculator]

@@ -77,11 +77,12 @@ class StepLayout:
                 prefills.extend(p)
                 (decoded if d else prefilled).append((entry, len(entry.proposals) + 1))
             elif s.samples and s.num_tokens == 1:
-                decodes.append(DecodeRow(seq.token_at(start), start, seq.block_table))
+                decodes.append(DecodeRow(seq.token_at(start), start, seq.block_table,
+                                         seq.seq_id))
                 decoded.append((entry, 1))
             else:
                 work = PrefillWork(seq.tokens(start, start + s.num_tokens), start,
-                                   seq.block_table, s.samples)
+                                   seq.block_table, s.samples, seq_id=seq.seq_id)
                 positions = _prompt_positions(seq, start, start + s.num_tokens)
                 if positions:
                     work.prompt_rows = range(positions.start - start, positions.stop - start)

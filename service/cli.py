@@ -110,6 +110,14 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    help="tokens per KV block")
     p.add_argument("--dtype", default=e.dtype, help="auto|float32|bfloat16|float16")
     p.add_argument("--device", default=e.device, help="auto|cpu|cuda|cuda:N")
+    p.add_argument("--runner", choices=["auto", "torch", "llamacpp"], default=e.runner,
+                   help="model runner: llamacpp runs a .gguf's quantised weights on the CPU "
+                        "(llama-cpp-python); torch runs HF directories and GGUFs through "
+                        "transformers (fp32 on CPU, CUDA); auto = llamacpp for a .gguf on "
+                        "CPU when llama-cpp-python is installed, else torch")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="llama.cpp runner's threads (default: the cores this process may "
+                        "use)")
     p.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly: no compiled decode step (torch.compile on "
                         "CPU, built in the background while serving; CUDA graphs on CUDA, "
@@ -314,7 +322,8 @@ def _run_serve(args) -> int:
         model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory=args.kv_cache_memory, block_size=args.block_size, dtype=args.dtype,
-        device=args.device, max_waiting=args.max_waiting, enforce_eager=args.enforce_eager)
+        device=args.device, max_waiting=args.max_waiting, enforce_eager=args.enforce_eager,
+        runner=args.runner, threads=args.threads)
     try:
         limits = ServiceLimits(
             default_max_new_tokens=min(args.default_max_new_tokens, args.max_new_tokens),

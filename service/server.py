@@ -179,14 +179,15 @@ class GenServer:
             start = time.perf_counter()
             engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine,
                                              speculator_for(self.config.speculative))
-            log.info("engine ready in %.1fs: %s, max_model_len=%d",
+            log.info("engine ready in %.1fs: %s, max_model_len=%d, runner=%s (%s)",
                      time.perf_counter() - start, engine.info.model_id,
-                     engine.info.max_model_len)
+                     engine.info.max_model_len, engine.info.runner, engine.info.quantization)
             if self.state.draining:
                 return self.port
             self.engine = engine
         compile_now = (self.config.compile_decode_step
-                       and not self.config.engine.enforce_eager)
+                       and not self.config.engine.enforce_eager
+                       and self.engine.info.runner == "torch")  # llama.cpp: nothing to build
         if not self.engine.is_running:
             if compile_now and self.engine.device_type == "cuda":
                 # CUDA graphs capture in seconds, and a capture must not race the step

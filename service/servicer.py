@@ -510,6 +510,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 vocab_size=info.vocab_size, eos_token_ids=info.eos_token_ids,
                 structured_backends=list(kinds),
                 speculative=pb.SpeculativeInfo(method=info.spec_method, k=info.spec_k),
+                runner=info.runner, quantization=info.quantization,
                 structured_backend_info=self._backend_info(kinds),
                 max_new_tokens=self.limits.max_new_tokens)
 

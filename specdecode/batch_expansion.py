@@ -26,14 +26,15 @@ def _query_tokens(seq: Sequence, proposals: list[int]) -> tuple[int, list[int]]:
 def expand(seq: Sequence, proposals: list[int]) -> list[DecodeRow]:
     """The ``len(proposals) + 1`` decode rows of one sequence."""
     last, tokens = _query_tokens(seq, proposals)
-    return [DecodeRow(t, last + j, seq.block_table) for j, t in enumerate(tokens)]
+    return [DecodeRow(t, last + j, seq.block_table, seq.seq_id) for j, t in enumerate(tokens)]
 
 
 def multi_token(seq: Sequence, proposals: list[int]) -> PrefillWork:
     """One causal query of the same ``len(proposals) + 1`` tokens at the same positions,
     returning a logits row per token, in the same order as ``expand``."""
     last, tokens = _query_tokens(seq, proposals)
-    return PrefillWork(tokens, last, seq.block_table, True, num_logits=len(tokens))
+    return PrefillWork(tokens, last, seq.block_table, True, num_logits=len(tokens),
+                       seq_id=seq.seq_id)
 
 
 def contract(rows: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
+from engine.runner import Runner
 from engine.sampler import SamplingMetadata, compute_probs, sample_from_probs
 from engine.sequence import Sequence
 from specdecode.config import SpeculativeConfig
@@ -66,7 +67,7 @@ def truncated_model(model: Any, num_layers: int) -> Any:
     return draft
 
 
-def _draft_runner(target: ModelRunner, spec: SpeculativeConfig) -> ModelRunner:
+def _draft_runner(target: Runner, spec: SpeculativeConfig) -> ModelRunner:
     name = spec.draft_model or ""
     config = EngineConfig(model=name, max_model_len=target.max_model_len,
                           block_size=target.block_size, device=str(target.device),
@@ -78,6 +79,10 @@ def _draft_runner(target: ModelRunner, spec: SpeculativeConfig) -> ModelRunner:
         except ValueError:
             raise ValueError(f"--spec-draft-model {name!r}: expected self:N with N an "
                              f"integer number of layers") from None
+        if not isinstance(target, ModelRunner):
+            raise ValueError(f"--spec-draft-model {name}: a self-draft runs the target's own "
+                             f"torch layers; the {target.name} runner has none (use --runner "
+                             f"torch, --spec-method ngram, or a separate draft model)")
         shared = SimpleNamespace(device=target.device, dtype=target.dtype,
                                  tokenizer=target.tokenizer, model_id=f"{target.model_id}[:{n}]",
                                  model=truncated_model(target.model, n))
@@ -94,7 +99,7 @@ def _draft_runner(target: ModelRunner, spec: SpeculativeConfig) -> ModelRunner:
 
 
 class DraftProposer:
-    def __init__(self, target: ModelRunner, spec: SpeculativeConfig) -> None:
+    def __init__(self, target: Runner, spec: SpeculativeConfig) -> None:
         self.runner = _draft_runner(target, spec)
         self.states: dict[int, _DraftSeq] = {}
         log.info("draft model %s ready", self.runner.model_id)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
+from engine.model_runner import DecodeRow, PrefillWork
 from engine.outputs import SpecStats
+from engine.runner import Runner
 from engine.sampler import SamplingMetadata, apply_penalties, compute_probs
 from engine.sequence import Sequence
 from engine.speculation import SpeculatorFactory
@@ -59,7 +60,7 @@ def speculator_for(spec: SpeculativeConfig) -> SpeculatorFactory | None:
 
 
 class SpecWorker:
-    def __init__(self, spec: SpeculativeConfig, target: ModelRunner) -> None:
+    def __init__(self, spec: SpeculativeConfig, target: Runner) -> None:
         if spec.num_spec_tokens < 1:
             raise ValueError(f"num_spec_tokens must be >= 1, got {spec.num_spec_tokens}")
         if spec.scorer not in ("batch_expansion", "multi_token"):

@@ -10,7 +10,7 @@ from engine.llm_engine import LLMEngine
 
 @pytest.fixture(scope="session")
 def real_engine() -> LLMEngine:
-    return LLMEngine(EngineConfig(model="default", max_model_len=1024))
+    return LLMEngine(EngineConfig(model="default", max_model_len=1024, runner="torch"))
 
 
 @pytest.fixture(scope="session")

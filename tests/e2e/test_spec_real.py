@@ -28,7 +28,7 @@ COPY_PROMPTS = [
 @pytest.fixture(scope="module")
 def ngram_engine(real_engine):
     spec = SpeculativeConfig(method="ngram", num_spec_tokens=4, ngram_min=1, ngram_max=3)
-    return LLMEngine(EngineConfig(model="default", max_model_len=1024),
+    return LLMEngine(EngineConfig(model="default", max_model_len=1024, runner="torch"),
                      share_weights=real_engine, speculator=speculator_for(spec))
 
 
@@ -40,13 +40,13 @@ def test_greedy_output_is_unchanged_by_ngram_and_self_draft_speculation(real_eng
     got = {k: v[0].token_ids for k, v in run_to_completion(ngram_engine, arrivals).items()}
     assert got == want
     assert ngram_engine.stats().spec.accepted > 0
-    multi = LLMEngine(EngineConfig(model="default", max_model_len=1024),
+    multi = LLMEngine(EngineConfig(model="default", max_model_len=1024, runner="torch"),
                       share_weights=real_engine, speculator=speculator_for(SpeculativeConfig(
                           method="ngram", num_spec_tokens=8, scorer="multi_token")))
     got = {k: v[0].token_ids for k, v in run_to_completion(multi, arrivals).items()}
     assert got == want
     assert multi.stats().spec.accepted > 0
-    self_draft = LLMEngine(EngineConfig(model="default", max_model_len=1024),
+    self_draft = LLMEngine(EngineConfig(model="default", max_model_len=1024, runner="torch"),
                            share_weights=real_engine, speculator=speculator_for(
                                SpeculativeConfig(method="draft", draft_model="self:12",
                                                  num_spec_tokens=3)))

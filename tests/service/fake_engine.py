@@ -72,7 +72,8 @@ class FakeEngine:
         self.config = config
         self.info = ModelInfo(model_id="fake-echo", max_model_len=config.max_model_len or 256,
                               vocab_size=len(tokenizer),
-                              eos_token_ids=[tokenizer.eos_token_id])
+                              eos_token_ids=[tokenizer.eos_token_id],
+                              quantization="float32")
         self.step_delay_s = step_delay_s
         self._requests: dict[str, _Request] = {}
         self._waiting: list[_Request] = []

@@ -62,6 +62,22 @@ def test_tgis_flags_reach_the_server_config(monkeypatch):
     assert config.limits.default_max_new_tokens == 100  # the default never exceeds the cap
 
 
+def test_runner_and_threads_flags_reach_the_engine_config(monkeypatch):
+    default = _served_config(monkeypatch, [])
+    assert default.engine.runner == "auto" and default.engine.threads is None
+    config = _served_config(monkeypatch, ["--runner", "torch", "--threads", "3"])
+    assert config.engine.runner == "torch" and config.engine.threads == 3
+    monkeypatch.setenv("GENSERVE_RUNNER", "llamacpp")
+    assert _served_config(monkeypatch, []).engine.runner == "llamacpp"
+
+
+@pytest.mark.parametrize("argv", [["serve", "--runner", "onnx"], ["serve", "--threads", "0"]])
+def test_bad_runner_flags_exit_with_usage(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+
+
 def test_settings_precedence_flag_over_env_over_file_over_default(monkeypatch, tmp_path):
     config = tmp_path / "genserve.yaml"
     config.write_text("max-num-seqs: 7\nmax_batch_size: 9\nfmaas: false\n"

@@ -108,6 +108,7 @@ def test_tokenize_and_model_info(stub, tokenizer):
     assert info.max_model_len == 256 and info.vocab_size == len(tokenizer)
     assert tokenizer.eos_token_id in info.eos_token_ids
     assert info.max_new_tokens == 1024  # the default cap
+    assert info.runner == "torch" and info.quantization == "float32"  # an HF directory
 
 
 def test_sampled_requests_echo_a_seed_that_replays_them(stub):

@@ -243,6 +243,7 @@ def test_batch_expansion_scores_equal_one_token_at_a_time_decoding(deep_model_di
         output_token_ids: list[int] = []
         block_table = table
         num_tokens = len(prompt)
+        seq_id = 0
 
         def token_at(self, i):
             return prompt[i]

@@ -353,7 +353,7 @@ class SpeculativeInfo(_message.Message):
     def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative", "structured_backend_info", "max_new_tokens")
+    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative", "structured_backend_info", "max_new_tokens", "runner", "quantization")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -362,6 +362,8 @@ class GetModelInfoResponse(_message.Message):
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     STRUCTURED_BACKEND_INFO_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RUNNER_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     max_model_len: int
     vocab_size: int
@@ -370,7 +372,9 @@ class GetModelInfoResponse(_message.Message):
     speculative: SpeculativeInfo
     structured_backend_info: _containers.RepeatedCompositeFieldContainer[StructuredBackendInfo]
     max_new_tokens: int
-    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+    runner: str
+    quantization: str
+    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., runner: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class StructuredBackendInfo(_message.Message):
     __slots__ = ("name", "kinds", "requests", "compiles", "compile_failures", "compile_seconds_total", "compile_seconds_max")

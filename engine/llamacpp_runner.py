@@ -1,0 +1,396 @@
+"""Runs each step on llama.cpp: one ``llama_decode`` over every token the step schedules.
+
+Why: on a CPU llama.cpp runs a GGUF's quantised weights with SIMD kernels, several times
+faster than fp32 torch can be there. Everything above the runner (scheduler, sampler,
+processors, grammars, speculation) is unchanged: this runner keeps ``ModelRunner``'s
+contract, ``execute(decodes, prefills) -> logits rows``.
+
+How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
+
+- One context with ``n_seq_max = max_num_seqs`` sequences and one unified KV cache of
+  ``num_blocks * block_size`` cells. The scheduler keeps accounting in blocks: a sequence
+  holds ``ceil(tokens / block_size)`` blocks, so the cells llama.cpp uses never exceed the
+  blocks handed out (llama.cpp places a token in any free cell, no contiguity needed).
+- An engine sequence gets a llama.cpp sequence id on its first chunk and gives it back
+  when the scheduler frees its blocks (finish, abort, preemption): ``release`` removes its
+  cells with ``llama_memory_seq_rm``.
+- llama.cpp needs each sequence's positions consecutive after what it caches, so a row
+  below that (rejected speculative tokens) first trims the sequence's cells from there.
+- Batch expansion's ``k + 1`` rows of one sequence are consecutive positions of one
+  sequence id in the batch: llama.cpp masks them causally, exactly the multi-token query.
+- Logits are asked for only on the rows the contract returns; they are read with one
+  numpy view of llama.cpp's output buffer per ``llama_decode``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.compiled_step import WarmupReport
+from engine.config import EngineConfig
+from engine.model_loader import ModelSource, hf_source, load_tokenizer, resolve_model
+from engine.model_runner import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork
+
+log = logging.getLogger(__name__)
+
+KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default f16 K and V cache
+LLAMA_MAX_SEQ = 256  # llama.cpp's bound on sequences in one context (src/llama-cparams.h)
+# Batch invariance: a sequence's logits must not depend on what else runs in its step, or
+# greedy output would change with batch mates, chunking and preemption. llama.cpp's CPU
+# attention without flash attention sums over KV cells with SIMD lanes, so its result
+# depends on which cells a sequence landed in; flash attention's per-query kernel walks a
+# sequence's cells in order and does not, but from 64 queries in one ubatch llama.cpp
+# switches to a tiled kernel whose logits differ (by up to 0.56 on the default model).
+# Hence flash attention on and ubatches of at most 63 tokens (prefill ~30% slower than
+# 512-token ubatches, decode unaffected up to 63 rows a step).
+FLASH_ATTN = 1  # llama_context_params.flash_attn_type: -1 auto, 0 off, 1 on
+MAX_UBATCH = 63
+_VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
+                     "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
+_backend_ready = False
+
+
+def default_threads() -> int:
+    """The cores this process may run on (cgroup/affinity aware, unlike os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _llama():
+    """The ``llama_cpp`` module, its backend initialised once and its logging quietened to
+    errors (llama.cpp prints every load step otherwise)."""
+    global _backend_ready
+    import llama_cpp
+
+    if not _backend_ready:
+        if not log.isEnabledFor(logging.DEBUG):
+            logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+    return llama_cpp
+
+
+@dataclass
+class _BatchArrays:
+    """A ``llama_batch``'s arrays owned by numpy, so a step fills them with slice writes
+    instead of per-token ctypes stores (``llama_batch_init`` mallocs one seq-id array per
+    token, which only per-token stores can fill). Each token belongs to one sequence."""
+
+    token: np.ndarray
+    pos: np.ndarray
+    n_seq_id: np.ndarray
+    seq_id: np.ndarray
+    seq_ptr: np.ndarray  # address of seq_id[i], what llama_batch.seq_id[i] points to
+    logits: np.ndarray
+
+    @classmethod
+    def allocate(cls, capacity: int) -> _BatchArrays:
+        seq_id = np.zeros(capacity, dtype=np.int32)
+        base = seq_id.ctypes.data
+        return cls(np.zeros(capacity, dtype=np.int32), np.zeros(capacity, dtype=np.int32),
+                   np.ones(capacity, dtype=np.int32), seq_id,
+                   base + 4 * np.arange(capacity, dtype=np.uint64), np.zeros(capacity, np.int8))
+
+    @property
+    def capacity(self) -> int:
+        return len(self.token)
+
+    def batch(self, llama_cpp, start: int, n: int):
+        """The ``llama_batch`` of tokens ``[start, start + n)``."""
+        def ptr(a: np.ndarray, ctype):
+            return ctypes.cast(a.ctypes.data + start * a.itemsize, ctypes.POINTER(ctype))
+
+        b = llama_cpp.llama_batch()
+        b.n_tokens = n
+        b.token = ptr(self.token, llama_cpp.llama_token)
+        b.embd = None
+        b.pos = ptr(self.pos, llama_cpp.llama_pos)
+        b.n_seq_id = ptr(self.n_seq_id, ctypes.c_int32)
+        b.seq_id = ptr(self.seq_ptr, ctypes.POINTER(llama_cpp.llama_seq_id))
+        b.logits = ptr(self.logits, ctypes.c_int8)
+        return b
+
+
+class LlamaCppRunner:
+    name = "llamacpp"
+
+    def __init__(self, config: EngineConfig) -> None:
+        llama_cpp = _llama()
+        self.llama_cpp = llama_cpp
+        self.config = config
+        source = resolve_model(config.model)
+        if source.gguf_file is None:
+            raise ValueError(f"the llama.cpp runner needs a .gguf model; {config.model!r} "
+                             "is an HF directory")
+        path = os.path.join(source.directory, source.gguf_file)
+        if config.dtype not in ("auto", "float32", "fp32"):
+            log.warning("--dtype %s is ignored by the llama.cpp runner: it runs the GGUF's "
+                        "own quantised weights", config.dtype)
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32  # of the logits it returns
+        self.model_id = source.model_id
+        self.block_size = config.block_size
+        self.max_rows_per_seq = 1  # set by the engine (speculation); steps past n_batch split
+        self.threads = config.threads or default_threads()
+        if torch.get_num_threads() > 1:
+            # torch only samples here, and its OpenMP workers spin after each parallel op,
+            # stealing the cores llama.cpp computes on (a batch-1 step on this 2-core
+            # machine: 41 ms with torch's 2 threads, 21 ms with 1).
+            log.info("llama.cpp runner: torch limited to 1 thread (it only samples)")
+            torch.set_num_threads(1)
+
+        start = time.perf_counter()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise ValueError(f"llama.cpp could not load {path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.vocab_size = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.quantization = (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(self.model))
+                             or b"?").decode()
+        n_layer = llama_cpp.llama_model_n_layer(self.model)
+        n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
+        head_dim = llama_cpp.llama_model_n_embd(self.model) // llama_cpp.llama_model_n_head(
+            self.model)
+        arch = self._meta("general.architecture")
+        k_dim = int(self._meta(f"{arch}.attention.key_length") or head_dim)
+        v_dim = int(self._meta(f"{arch}.attention.value_length") or head_dim)
+        model_max = llama_cpp.llama_model_n_ctx_train(self.model) or DEFAULT_MAX_MODEL_LEN
+        self.max_model_len = min(model_max, config.max_model_len or DEFAULT_MAX_MODEL_LEN)
+        if config.max_model_len and config.max_model_len > model_max:
+            log.warning("max_model_len %d exceeds the model's %d; using %d",
+                        config.max_model_len, model_max, model_max)
+
+        bytes_per_block = n_layer * n_head_kv * (k_dim + v_dim) * KV_BYTES_PER_ELEMENT \
+            * config.block_size
+        self.num_blocks = config.kv_cache_memory // bytes_per_block
+        if self.num_blocks < 2:
+            raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer "
+                             f"than 2 blocks ({bytes_per_block} bytes each)")
+        if config.max_num_seqs > LLAMA_MAX_SEQ:
+            raise ValueError(f"the llama.cpp runner holds at most {LLAMA_MAX_SEQ} "
+                             f"sequences; --max-num-seqs is {config.max_num_seqs}")
+        self.n_batch = config.max_num_batched_tokens + config.max_num_seqs
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.num_blocks * config.block_size
+        cparams.n_batch = self.n_batch
+        cparams.n_ubatch = min(self.n_batch, MAX_UBATCH)
+        cparams.n_seq_max = config.max_num_seqs
+        cparams.kv_unified = True
+        cparams.n_threads = cparams.n_threads_batch = self.threads
+        cparams.no_perf = True
+        cparams.flash_attn_type = FLASH_ATTN
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            raise ValueError(f"llama.cpp could not create a context for {path} "
+                             f"({cparams.n_ctx} cells, {config.max_num_seqs} sequences)")
+        self.n_batch = llama_cpp.llama_n_batch(self.ctx)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.arrays = _BatchArrays.allocate(self.n_batch)
+        self._slot_of: dict[int, int] = {}  # engine seq id -> llama.cpp seq id
+        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
+
+        self.tokenizer = load_tokenizer(source)
+        self._check_vocab()
+        self._config_eos = _config_eos_ids(source)
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(self.model, desc, len(desc))
+        log.info("llama.cpp runner: %s (%s, %s) loaded in %.1fs; %d threads; KV cache %d "
+                 "cells (%d blocks of %d, %.0f MiB f16) for %d sequences", self.model_id,
+                 desc.value.decode(), self.quantization, time.perf_counter() - start,
+                 self.threads, cparams.n_ctx, self.num_blocks, config.block_size,
+                 self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs)
+
+    def __del__(self) -> None:
+        llama_cpp = getattr(self, "llama_cpp", None)
+        if llama_cpp is None:
+            return
+        if getattr(self, "ctx", None):
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+    # ---- model facts ----------------------------------------------------------------
+
+    def _meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text, None when the file has no such key."""
+        buf = ctypes.create_string_buffer(256)
+        n = self.llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode() if n >= 0 else None
+
+    def _check_vocab(self) -> None:
+        """The engine tokenises with the HF tokenizer (as the torch runner does); its ids
+        must be llama.cpp's, or every prompt would be fed as other tokens."""
+        if len(self.tokenizer) > self.vocab_size:
+            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens; the GGUF's "
+                             f"vocabulary has {self.vocab_size}")
+        ours = self.tokenizer(_VOCAB_CHECK_TEXT, add_special_tokens=False)["input_ids"]
+        theirs = self.tokenize(_VOCAB_CHECK_TEXT)
+        if ours != theirs:
+            at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False))
+                       if a != b), min(len(ours), len(theirs)))
+            raise ValueError(f"the HF tokenizer and llama.cpp's vocabulary disagree at token "
+                             f"{at} of a sample text ({ours[at:at + 3]} vs "
+                             f"{theirs[at:at + 3]})")
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's own tokenisation (no special tokens added)."""
+        data = text.encode()
+        buf = (self.llama_cpp.llama_token * (len(data) + 8))()
+        n = self.llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, len(buf), False,
+                                          False)
+        if n < 0:
+            raise ValueError(f"llama.cpp could not tokenise {len(data)} bytes")
+        return list(buf[:n])
+
+    def eos_token_ids(self) -> list[int]:
+        """The torch runner's set (the model's and its generation config's EOS ids and the
+        tokenizer's), so both runners end on the same tokens; llama.cpp's EOS when the HF
+        config cannot be read. (llama.cpp's own end-of-generation set is wider: it also
+        ends at SmolLM2's <|endoftext|>, which the HF config does not list.)"""
+        ids = set(self._config_eos) or {self.llama_cpp.llama_vocab_eos(self.vocab)}
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return sorted(i for i in ids if 0 <= i < self.vocab_size)
+
+    def warmup(self, buckets: list[int] | None = None,
+               budget_s: float | None = None) -> WarmupReport:
+        """Nothing to compile: llama.cpp's kernels are ready once the context exists."""
+        log.info("llama.cpp runner: no compiled decode step (nothing to build)")
+        return WarmupReport()
+
+    # ---- sequences ------------------------------------------------------------------
+
+    def release(self, seq_id: int) -> None:
+        slot = self._slot_of.pop(seq_id, None)
+        if slot is None:
+            return
+        self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
+        self._cached[slot] = 0
+        self._free_slots.append(slot)
+
+    def _slot(self, seq_id: int, first_pos: int) -> int:
+        """The llama.cpp sequence of ``seq_id``, its cells trimmed to ``first_pos``."""
+        if seq_id < 0:
+            raise ValueError("the llama.cpp runner needs each row's seq_id")
+        slot = self._slot_of.get(seq_id)
+        if slot is None:
+            if not self._free_slots:
+                raise RuntimeError(f"more than {self.config.max_num_seqs} sequences hold KV")
+            slot = self._slot_of[seq_id] = self._free_slots.pop()
+        if first_pos < self._cached[slot]:
+            self.llama_cpp.llama_memory_seq_rm(self.memory, slot, first_pos, -1)
+        elif first_pos > self._cached[slot]:
+            raise RuntimeError(f"sequence {seq_id}: a chunk at position {first_pos} after "
+                               f"only {self._cached[slot]} cached positions")
+        return slot
+
+    # ---- one step -------------------------------------------------------------------
+
+    def execute(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
+        """Logits ``[rows, vocab]``: one row per decode row, then ``num_logits`` per sampled
+        prefill, then each prefill's ``prompt_rows`` (the torch runner's order)."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        rows: list[int] = []  # batch index of each returned row, in contract order
+        extra: list[int] = []  # prompt-logprob rows, after every sampled row
+        seen: set[int] = set()
+        for r in decodes:  # a sequence's rows (batch expansion) come in position order
+            if r.seq_id in seen:
+                slot = self._slot_of[r.seq_id]
+            else:
+                seen.add(r.seq_id)
+                slot = self._slot(r.seq_id, r.position)
+            rows.append(len(tokens))
+            tokens.append(r.token_id)
+            positions.append(r.position)
+            slots.append(slot)
+        for work in prefills:
+            n = len(work.token_ids)
+            start = len(tokens)
+            slot = self._slot(work.seq_id, work.start_pos)
+            tokens.extend(work.token_ids)
+            positions.extend(range(work.start_pos, work.start_pos + n))
+            slots.extend([slot] * n)
+            if work.sample:
+                rows.extend(range(start + n - work.num_logits, start + n))
+            extra.extend(start + i for i in work.prompt_rows)
+        rows.extend(extra)
+        if not tokens:
+            return torch.empty(0, self.vocab_size)
+        return self._decode(tokens, positions, slots, rows)
+
+    def _decode(self, tokens: list[int], positions: list[int], slots: list[int],
+                rows: list[int]) -> torch.Tensor:
+        n = len(tokens)
+        a = self.arrays
+        if n > a.capacity:
+            self.arrays = a = _BatchArrays.allocate(n)
+        a.token[:n] = tokens
+        a.pos[:n] = positions
+        a.seq_id[:n] = slots
+        a.logits[:n] = 0
+        wanted = np.asarray(rows, dtype=np.int64)
+        a.logits[wanted] = 1
+        out = torch.empty(len(rows), self.vocab_size)
+        # Outputs come back in batch order; ``order`` puts them in the contract's order.
+        in_batch_order = np.flatnonzero(a.logits[:n])
+        out_np = out.numpy()
+        done = 0
+        for start in range(0, n, self.n_batch):
+            size = min(self.n_batch, n - start)
+            rc = self.llama_cpp.llama_decode(self.ctx, a.batch(self.llama_cpp, start, size))
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {size} tokens")
+            k = int(a.logits[start:start + size].sum())
+            if k:
+                ptr = self.llama_cpp.llama_get_logits(self.ctx)
+                out_np[done:done + k] = np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size))
+                done += k
+        self._note_cached(slots, positions)
+        if len(rows) > 1 and not np.array_equal(in_batch_order, wanted):
+            order = np.searchsorted(in_batch_order, wanted)
+            out = out[torch.from_numpy(order)]
+        return out
+
+    def _note_cached(self, slots: list[int], positions: list[int]) -> None:
+        """Each touched sequence now caches up to its last position of the step (its
+        positions in a step are consecutive and in order)."""
+        last = dict(zip(slots, positions, strict=True))
+        for slot, pos in last.items():
+            self._cached[slot] = pos + 1
+
+
+def _config_eos_ids(source: ModelSource) -> set[int]:
+    """EOS ids of the model's HF config and generation config (what the torch runner
+    reads), from the converted-weights cache entry the tokenizer came from."""
+    from transformers import AutoConfig, GenerationConfig
+
+    hf = hf_source(source)
+    kwargs: dict[str, Any] = {"gguf_file": hf.gguf_file} if hf.gguf_file else {}
+    ids: set[int] = set()
+    for load in (GenerationConfig.from_pretrained, AutoConfig.from_pretrained):
+        try:
+            eos = getattr(load(hf.directory, **kwargs), "eos_token_id", None)
+        except (OSError, ValueError):  # no such file in the entry
+            continue
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(eos)
+    return ids

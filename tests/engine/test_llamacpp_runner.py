@@ -1,0 +1,222 @@
+"""The llama.cpp runner on the real default GGUF: the engine's greedy output equals
+llama.cpp's own greedy generation token for token (alone, staggered, chunked, preempted,
+n > 1), speculation leaves it unchanged, grammars hold, a failing processor fails only its
+own sequence. Skipped where llama-cpp-python is not installed."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.llamacpp_runner import MAX_UBATCH
+from engine.llm_engine import LLMEngine
+from engine.model_loader import default_model_path
+from engine.outputs import FinishReason
+from engine.runner import choose_runner, llama_cpp_available
+from engine.sampling_params import SamplingParams
+from specdecode.config import SpeculativeConfig
+from specdecode.worker import speculator_for
+from tests.engine.test_engine import run_to_completion
+from tests.engine.test_processors import RaiseFactory
+
+pytestmark = pytest.mark.skipif(not llama_cpp_available(),
+                                reason="llama-cpp-python is not installed")
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away, there lived a",
+    "1, 2, 3, 4,",
+    "Q: What is the boiling point of water?\nA:",
+]
+COPY_PROMPT = ("Repeat this list exactly: apples, bananas, cherries, dates, elderberries, "
+               "figs, grapes, honeydew, kiwis, lemons, mangoes.\nList: apples, bananas,")
+MAX_NEW = 24
+THREADS = 1  # robust on a busy machine: 2 spinning threads on 2 shared cores crawl
+KV = 64 << 20  # 2800 cells: plenty for these prompts
+
+
+def config(**kw) -> EngineConfig:
+    base = dict(model="default", runner="llamacpp", max_model_len=1024, kv_cache_memory=KV,
+                max_num_seqs=16, threads=THREADS)
+    base.update(kw)
+    return EngineConfig(**base)  # type: ignore[arg-type]
+
+
+def greedy(n: int = MAX_NEW) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_threads():
+    """The runner limits torch to one thread: give later test modules theirs back."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    return LLMEngine(config())
+
+
+@pytest.fixture(scope="module")
+def ids(engine) -> list[list[int]]:
+    return [engine.tokenizer(p)["input_ids"] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def reference(ids) -> list[list[int]]:
+    """llama.cpp's own greedy generation (``Llama.generate`` at temperature 0)."""
+    import llama_cpp
+
+    # flash attention as the runner's context runs it (llama.cpp's "auto": on for CPU)
+    llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS,
+                          flash_attn=True, n_ubatch=MAX_UBATCH, verbose=False)  # as ours
+    out = [list(itertools.islice(llm.generate(p, temp=0.0, reset=True), MAX_NEW))
+           for p in ids]
+    llm.close()
+    return out
+
+
+def tokens(results, rid: str, index: int = 0) -> list[int]:
+    return results[rid][index].token_ids
+
+
+def test_auto_picks_llamacpp_for_a_gguf_on_cpu_and_torch_otherwise(tiny_model_dir):
+    assert choose_runner(EngineConfig(model="default")) == "llamacpp"
+    assert choose_runner(EngineConfig(model=str(tiny_model_dir))) == "torch"
+    assert choose_runner(EngineConfig(model="default", runner="torch")) == "torch"
+    with pytest.raises(ValueError, match="needs a .gguf"):
+        choose_runner(EngineConfig(model=str(tiny_model_dir), runner="llamacpp"))
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        choose_runner(EngineConfig(model="default", runner="llamacpp", device="cuda"))
+
+
+def test_model_info_names_the_runner_and_the_hf_tokenizer_matches_llama_vocab(engine, ids):
+    assert engine.info.runner == "llamacpp" and engine.info.quantization == "Q4_1"
+    assert engine.info.vocab_size == len(engine.tokenizer)
+    for text, mine in zip(PROMPTS, ids, strict=True):
+        assert engine.runner.tokenize(text) == mine  # type: ignore[attr-defined]
+
+
+def test_greedy_alone_matches_llama_cpp_generate(engine, ids, reference):
+    for i, p in enumerate(ids):
+        res = run_to_completion(engine, {0: [(f"a{i}", p, greedy())]})
+        assert tokens(res, f"a{i}") == reference[i], f"prompt {i}"
+    assert engine.scheduler.allocator.num_used == 0
+
+
+def test_greedy_staggered_and_n2_match(engine, ids, reference):
+    arrivals = {2 * i: [(f"s{i}", p, greedy())] for i, p in enumerate(ids)}
+    arrivals[1] = [("n2", ids[0], SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True,
+                                                 n=2))]
+    res = run_to_completion(engine, arrivals)
+    for i in range(len(ids)):
+        assert tokens(res, f"s{i}") == reference[i], f"prompt {i}"
+    assert tokens(res, "n2", 0) == tokens(res, "n2", 1) == reference[0]
+
+
+def test_greedy_with_chunked_prefill_and_preemption_matches(ids, reference):
+    # 7-token budget: every prompt prefills in chunks; 24 blocks of 4 cells hold about two
+    # sequences at once, so the scheduler preempts and recomputes.
+    block = 2 * 30 * 3 * 64 * 2 * 4  # K and V, 30 layers, 3 KV heads of 64, f16, 4 tokens
+    tight = LLMEngine(config(max_num_batched_tokens=7, block_size=4,
+                             kv_cache_memory=24 * block))
+    res = run_to_completion(tight, {0: [(f"c{i}", p, greedy()) for i, p in enumerate(ids)]})
+    assert tight.scheduler.num_preemptions > 0
+    for i in range(len(ids)):
+        assert tokens(res, f"c{i}") == reference[i], f"prompt {i}"
+    assert tight.scheduler.allocator.num_used == 0
+
+
+@pytest.mark.parametrize("scorer", ["batch_expansion", "multi_token"])
+def test_ngram_speculation_keeps_greedy_output(engine, scorer):
+    # One sequence: its rejected proposals' cells are freed at its own tail, so its KV stays
+    # in position order (see the README on batch invariance for several at once).
+    prompt = engine.tokenizer(COPY_PROMPT)["input_ids"]
+    plain = run_to_completion(engine, {0: [("p", prompt, greedy(40))]})
+    spec = LLMEngine(config(), speculator=speculator_for(
+        SpeculativeConfig(method="ngram", num_spec_tokens=4, scorer=scorer)))
+    res = run_to_completion(spec, {0: [("s", prompt, greedy(40))]})
+    assert tokens(res, "s") == tokens(plain, "p")
+    assert spec.stats().spec.accepted > 0
+    assert spec.scheduler.allocator.num_used == 0
+
+
+def test_self_draft_is_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="self-draft"):
+        LLMEngine(config(), speculator=speculator_for(
+            SpeculativeConfig(method="draft", draft_model="self:4")))
+
+
+def test_structured_output_validates(engine):
+    from structured.manager import StructuredOutputs
+    from structured.spec import StructuredSpec
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    so = StructuredOutputs(engine.tokenizer, engine.info.vocab_size, engine.info.eos_token_ids)
+    try:
+        factory = asyncio.run(so.factory(StructuredSpec("json_schema", json.dumps(schema))))
+        prompt = list(engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Describe a person as JSON."}],
+            add_generation_prompt=True, tokenize=True)["input_ids"])
+        params = SamplingParams(max_new_tokens=80, logits_processors=[factory])
+        res = run_to_completion(engine, {0: [("j", prompt, params)]})
+    finally:
+        so.close()
+    out = json.loads(res["j"][0].text)
+    assert set(out) == {"name", "age"} and isinstance(out["age"], int)
+
+
+def test_a_failing_processor_fails_only_its_sequence(engine, ids):
+    # The comparison run ends a healthy sequence at the step the failing one fails (its
+    # third), so both runs free the same KV cells at the same step.
+    failing = RaiseFactory(3)
+    bad = SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True, logits_processors=[failing])
+    healthy = [(f"h{i}", p, greedy()) for i, p in enumerate(ids)]
+    res = run_to_completion(engine, {0: [("bad", ids[0], bad)] + healthy})
+    expected = run_to_completion(engine, {0: [("short", ids[0], greedy(3))] + healthy})
+    assert res["bad"][0].finish_reason is FinishReason.ERROR
+    assert "boom on call 3" in (res["bad"][0].error or "")
+    assert len(tokens(res, "bad")) == 2 and failing.released == 1
+    for i in range(len(ids)):
+        assert tokens(res, f"h{i}") == tokens(expected, f"h{i}"), f"prompt {i}"
+        assert res[f"h{i}"][0].finish_reason is FinishReason.LENGTH
+    assert engine.scheduler.allocator.num_used == 0
+
+
+def test_prompt_logprobs_are_llama_cpps_own(engine, ids):
+    """Prompt-logprob rows come back after the sampled rows, as the torch runner orders
+    them; their values are llama.cpp's own logits of the prompt."""
+    import llama_cpp
+    import numpy as np
+
+    prompt = ids[2] + ids[4]
+    llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS, flash_attn=True,
+                          n_ubatch=MAX_UBATCH, logits_all=True, verbose=False)
+    llm.eval(prompt)
+    scores = np.asarray(llm.scores[:len(prompt) - 1], dtype=np.float64)
+    llm.close()
+    lse = np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1)) + scores.max(-1)
+    expected = scores[np.arange(len(prompt) - 1), prompt[1:]] - lse
+    # Beside another request (still running when the prompt is done: no cells freed
+    # meanwhile) and in 7-token chunks, so rows of both kinds share steps.
+    chunked = LLMEngine(config(max_num_batched_tokens=7))
+    chunked.add_request("other", ids[0], greedy(12))
+    chunked.add_request("p", prompt, SamplingParams(max_new_tokens=2, prompt_logprobs=1))
+    got = None
+    while chunked.has_work:
+        for out in chunked.step():
+            if out.request_id == "p" and out.prompt_logprobs is not None:
+                got = out.prompt_logprobs
+    assert got is not None and [t.token_id for t in got] == prompt[1:]
+    np.testing.assert_allclose([t.logprob for t in got], expected, atol=1e-4)
