@@ -32,6 +32,10 @@ class CompileKilled(ValueError):
     """The compile passed its time or memory limit; its worker was killed."""
 
 
+class CompileAborted(ValueError):
+    """No verdict on the spec: the server is shutting down or the worker died."""
+
+
 @dataclass(frozen=True)
 class WorkerSetup:
     tokenizer_dir: str
@@ -99,12 +103,12 @@ class _Worker:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self.ready:
             if closing.is_set():
-                raise ValueError("compile aborted: the server is shutting down")
+                raise CompileAborted("compile aborted: the server is shutting down")
             if self.conn.poll(POLL_S):
                 self.conn.recv()  # ("ready", None)
                 self.ready = True
             elif not self.proc.is_alive() or time.monotonic() > deadline:
-                raise ValueError("the grammar compile worker failed to start")
+                raise CompileAborted("the grammar compile worker failed to start")
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -149,7 +153,7 @@ class CompileWorkers:
             status, payload = self._answer(worker, timeout_s)
             healthy = True
         except (OSError, EOFError):
-            raise ValueError("compile aborted: the server is shutting down" if
+            raise CompileAborted("compile aborted: the server is shutting down" if
                              self._closing.is_set() else "the grammar compile worker died"
                              ) from None
         finally:
@@ -161,7 +165,7 @@ class CompileWorkers:
     def _take(self) -> _Worker:
         while True:
             if self._closing.is_set():
-                raise ValueError("compile aborted: the server is shutting down")
+                raise CompileAborted("compile aborted: the server is shutting down")
             try:
                 worker = self._idle.get(timeout=0.5)
             except queue.Empty:

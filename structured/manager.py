@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from structured.compile_worker import CompileWorkers, WorkerSetup
+from structured.compile_worker import CompileAborted, CompileWorkers, WorkerSetup
 from structured.grammar import CompiledGrammar, StructuredBackend
 from structured.llguidance_backend import LLGuidanceBackend, UnsupportedSpec
 from structured.lmfe_backend import LMFEBackend
@@ -208,7 +208,8 @@ class StructuredOutputs:
         try:
             return self._build(XGRAMMAR, spec)
         except ValueError as e:
-            raise ValueError(f"{why}; {XGRAMMAR}: {e}") from None
+            kind = CompileAborted if isinstance(e, CompileAborted) else ValueError
+            raise kind(f"{why}; {XGRAMMAR}: {e}") from None
 
     # ---- the cache (event loop) -------------------------------------------------------
 
@@ -217,8 +218,8 @@ class StructuredOutputs:
         if entry is None:
             return None
         fut = entry.future if isinstance(entry, _AutoEntry) else entry
-        if fut.done() and fut.exception() is not None:
-            del cache[key]  # failed compiles are retried (a killed one may pass later)
+        if fut.done() and isinstance(fut.exception(), CompileAborted):
+            del cache[key]  # no verdict (shutdown, a dead worker): compile again
             return None
         cache.move_to_end(key)
         return entry

@@ -67,22 +67,14 @@ def test_unavailable_is_retried(client, flaky):
     assert service.attempts == 3  # two UNAVAILABLE answers, then the one that succeeded
 
 
-def test_attempts_are_capped(client, flaky):
+@pytest.mark.parametrize(("max_attempts", "fail"), [(3, 10), (1, 1)])
+def test_attempts_are_capped_by_max_attempts(client, flaky, max_attempts, fail):
     service, address = flaky
-    service.fail, service.code, service.attempts = 10, grpc.StatusCode.UNAVAILABLE, 0
-    r = _generate(client, address, "--max-attempts", "3")
+    service.fail, service.code, service.attempts = fail, grpc.StatusCode.UNAVAILABLE, 0
+    r = _generate(client, address, "--max-attempts", str(max_attempts))
     assert r.returncode == 1
     assert "error: server unavailable" in r.stderr
-    assert service.attempts == 3
-
-
-def test_no_retries_with_max_attempts_1(client, flaky):
-    service, address = flaky
-    service.fail, service.code, service.attempts = 1, grpc.StatusCode.UNAVAILABLE, 0
-    r = _generate(client, address, "--max-attempts", "1")
-    assert r.returncode == 1
-    assert "error: server unavailable" in r.stderr
-    assert service.attempts == 1
+    assert service.attempts == max_attempts
 
 
 def test_other_codes_are_not_retried(client, flaky):

@@ -104,6 +104,10 @@ def test_a_runaway_compile_is_killed_and_its_worker_replaced(outputs):
         factory(outputs, StructuredSpec("regex", RUNAWAY, backend=LM_FORMAT_ENFORCER))
     assert time.perf_counter() - start < 60
     assert workers.killed == killed + 1
+    start = time.perf_counter()  # asked again: the verdict is cached, no worker tied up
+    with pytest.raises(ValueError, match="longer than 3s|more than 1536 MiB"):
+        factory(outputs, StructuredSpec("regex", RUNAWAY, backend=LM_FORMAT_ENFORCER))
+    assert time.perf_counter() - start < 1 and workers.killed == killed + 1
     # the replacement serves the next compile, and no runaway process is left behind
     f = factory(outputs, StructuredSpec("regex", r"k[0-9]", backend=LM_FORMAT_ENFORCER))
     assert f.backend == LM_FORMAT_ENFORCER
