@@ -442,7 +442,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     if parsed.grammar is not None and parsed.grammar.check_output:
                         for d in out.deltas:
                             so_far.setdefault(d.index, []).append(d.text)
-                            check_structured(parsed, d, "".join(so_far[d.index]))
+                            if d.finish_reason is not None:
+                                check_structured(parsed, d, "".join(so_far[d.index]))
                     msgs = [self._delta_pb(parsed, d, texts) for d in out.deltas]
                     if first and (parsed.seed is not None or out.prompt_logprobs):
                         if not msgs:

@@ -15,7 +15,14 @@ from engine.outputs import Completion, FinishReason, TokenLogprob
 from fmaas import generation_pb2 as tgis
 from fmaas import generation_pb2_grpc as tgis_grpc
 from genserve.v1 import generation_pb2 as pb
-from service.servicer import OFF_LOOP_CHARS, Call, GenerationServicer, TokenTexts, off_loop_if
+from service.servicer import (
+    OFF_LOOP_CHARS,
+    Call,
+    GenerationServicer,
+    TokenTexts,
+    check_structured,
+    off_loop_if,
+)
 from service.tgis_params import (
     TgisOptions,
     TgisRequest,
@@ -158,7 +165,9 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
 
             async def one(r: TgisRequest, parsed: ParsedRequest) -> tgis.GenerationResponse:
                 collector = await self.native.complete(parsed, call)
-                return self._response(r, parsed, collector.completions()[0], options, infos,
+                completion = collector.completions()[0]
+                check_structured(parsed, completion, completion.text)  # stop reason ERROR
+                return self._response(r, parsed, completion, options, infos,
                                       collector.prompt_logprobs)
 
             try:  # in order; the first failure cancels the rest and fails the call
@@ -177,6 +186,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             infos = TokenInfos(options, self.native.texts)
             generated = 0
             first = True
+            text: list[str] = []  # for the schema check of a leniently served grammar
             async with aclosing(self.native.stream(parsed, call)) as stream:
                 async for out in stream:
                     if first:  # input details, once the prompt (and its logprobs) is done
@@ -186,6 +196,9 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
                         first = False
                     for d in out.deltas:
                         generated += len(d.token_ids)
+                        text.append(d.text)
+                        if d.finish_reason is not None:
+                            check_structured(parsed, d, "".join(text))
                         if not d.token_ids and not d.text and d.finish_reason is None:
                             continue
                         stop, sequence = self._stop(r, d.finish_reason, d.stop_sequence,

@@ -416,3 +416,21 @@ def test_no_fmaas_serves_only_the_native_api(tiny_model_dir, tokenizer):
             assert e.value.code() == Code.NOT_FOUND
     finally:
         stop_server(running)
+
+
+def test_guided_output_failing_its_schema_check_stops_with_error(server, fm):
+    """A leniently served schema whose output fails the check: stop reason ERROR, the
+    text kept (TGIS has no error field), unary and streamed alike."""
+    schema = json.dumps({"enum": ["yes", "no"]})
+    p = params(16, decoding=tgis.DecodingParameters(json_schema=schema))
+    (r,) = generate(fm, [PROMPT], p)
+    assert r.stop_reason == tgis.EOS_TOKEN
+    factory = next(e.future.result() for key, e in server.server.servicer.structured._auto.items()
+                   if key[1] == schema)
+    factory.check_output = lambda text: "forced failure"
+    try:
+        (r,) = generate(fm, [PROMPT], p)
+        assert r.stop_reason == tgis.ERROR and r.text in ('"yes"', '"no"')
+        assert stream(fm, PROMPT, p)[-1].stop_reason == tgis.ERROR
+    finally:
+        factory.check_output = None
