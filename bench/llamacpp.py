@@ -24,17 +24,9 @@ import time
 
 import numpy as np
 
-from bench.run import (
-    RESULTS,
-    Row,
-    free_port,
-    grpc_clients,
-    hf_sequential,
-    interleaved,
-    print_table,
-    prompts,
-    start_server_process,
-)
+from bench.measure import Row, hf_sequential, interleaved, prompts
+from bench.run import RESULTS, print_table
+from bench.server import free_port, grpc_clients, start_server_process
 from bench.spec import COPY_HEAVY, METHODS, _Tally
 from bench.structured import chat_ids
 from engine.config import EngineConfig

@@ -14,225 +14,31 @@ import argparse
 import gc
 import json
 import signal
-import socket
 import statistics
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
-import grpc
 import torch
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench import compiled, processors, spec, structured, structured_coverage
+from bench.measure import (
+    Row,
+    engine_offline,
+    engine_sequential,
+    hf_sequential,
+    hf_static,
+    interleaved,
+    prompts,
+)
+from bench.server import cli_generate_seconds, free_port, grpc_clients, start_server_process
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.packed_linear import stock_transformers
 from engine.runner import llama_cpp_available, torch_runner
-from engine.sampling_params import SamplingParams
-from genserve.v1 import generation_pb2 as pb
-from genserve.v1 import generation_pb2_grpc as pb_grpc
 
 RESULTS = Path(__file__).parent / "results"
-PROMPTS = [
-    "The history of the Roman Empire is",
-    "Write a short story about a robot who learns to paint.",
-    "Explain how a transistor works in simple terms.",
-    "List ten fruits and their colours:",
-    "def quicksort(arr):",
-    "The weather today in London is",
-    "Describe the water cycle for a ten year old.",
-    "In a small village by the sea, there lived",
-]
-
-
-@dataclass
-class Row:
-    name: str
-    tok_s: float
-    ttft_p50: float | None = None
-    ttft_p99: float | None = None
-    tpot_p50: float | None = None
-    ratios: dict[str, float] = field(default_factory=dict)
-
-
-def interleaved(rounds: int, measures: dict[str, Callable[[], Row]]) -> dict[str, Row]:
-    """Each measure run ``rounds`` times in turn (A B C A B C ...), the run of median speed
-    kept: this CPU's speed drifts over minutes, so rows compared as a ratio are taken side
-    by side rather than minutes apart."""
-    runs: dict[str, list[Row]] = {name: [] for name in measures}
-    for _ in range(rounds):
-        for name, measure in measures.items():
-            runs[name].append(measure())
-    return {name: sorted(rs, key=lambda r: r.tok_s)[len(rs) // 2] for name, rs in runs.items()}
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-def prompts(n: int) -> list[str]:
-    return [PROMPTS[i % len(PROMPTS)] + f" ({i})" * (i >= len(PROMPTS)) for i in range(n)]
-
-
-# ---- HF baselines --------------------------------------------------------------------
-
-def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
-    model, tok = torch_runner(engine.runner).model, engine.tokenizer
-    total, ttfts = 0.0, []
-    with torch.inference_mode():
-        for p in prompts(n_req):
-            ids = torch.tensor([tok(p)["input_ids"]])
-            t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, do_sample=False)
-            ttfts.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-            total += time.perf_counter() - t0
-    tpot = (total - sum(ttfts)) / (n_req * (new - 1))
-    return Row("HF generate, batch 1 sequential", n_req * new / total,
-               statistics.median(ttfts), pct(ttfts, 0.99), tpot)
-
-
-def hf_static(engine: LLMEngine, batch: int, new: int) -> Row:
-    model, tok = torch_runner(engine.runner).model, engine.tokenizer
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    enc = tok(prompts(batch), return_tensors="pt", padding=True)
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        model.generate(**enc, max_new_tokens=new, min_new_tokens=new, do_sample=False)
-        dt = time.perf_counter() - t0
-    return Row(f"HF generate, static batch {batch}", batch * new / dt)
-
-
-# ---- genserve ------------------------------------------------------------------------
-
-def engine_offline(engine: LLMEngine, batch: int, new: int) -> Row:
-    params = SamplingParams(max_new_tokens=new, min_new_tokens=new)
-    for i, p in enumerate(prompts(batch)):
-        engine.add_request(f"off{i}", engine.tokenizer(p)["input_ids"], params)
-    t0 = time.perf_counter()
-    while engine.has_work:
-        engine.step()
-    return Row(f"genserve engine offline, {batch} requests", batch * new /
-               (time.perf_counter() - t0))
-
-
-def engine_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
-    """One request at a time, prefill included: the offline twin of one gRPC client."""
-    params = SamplingParams(max_new_tokens=new, min_new_tokens=new)
-    t0 = time.perf_counter()
-    for i, p in enumerate(prompts(n_req)):
-        engine.add_request(f"seq{i}", engine.tokenizer(p)["input_ids"], params)
-        while engine.has_work:
-            engine.step()
-    return Row("genserve engine offline, batch 1 sequential",
-               n_req * new / (time.perf_counter() - t0))
-
-
-def grpc_clients(address: str, clients: int, per_client: int, new: int) -> Row:
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    lock = threading.Lock()
-
-    def client(c: int) -> None:
-        with grpc.insecure_channel(address) as ch:
-            stub = pb_grpc.GenerationServiceStub(ch)
-            for k in range(per_client):
-                req = pb.GenerateRequest(
-                    prompt=prompts(clients * per_client)[c * per_client + k],
-                    stopping=pb.StoppingCriteria(max_new_tokens=new, min_new_tokens=new))
-                t0 = time.perf_counter()
-                first = None
-                for msg in stub.GenerateStream(pb.GenerateStreamRequest(request=req),
-                                               timeout=600):
-                    if first is None and msg.token_ids:
-                        first = time.perf_counter()
-                end = time.perf_counter()
-                assert first is not None, "the stream produced no tokens"
-                with lock:
-                    ttfts.append(first - t0)
-                    tpots.append((end - first) / (new - 1))
-
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    dt = time.perf_counter() - t0
-    return Row(f"genserve gRPC, {clients} concurrent clients", clients * per_client * new / dt,
-               statistics.median(ttfts), pct(ttfts, 0.99), statistics.median(tpots))
-
-
-@dataclass
-class ServerProcess:
-    proc: subprocess.Popen
-    log: Path
-    serving_s: float  # process start -> health SERVING
-    compiled_s: float | None = None  # process start -> background compile done
-
-
-def start_server_process(model: str, port: int, log_path: Path, runner: str = "torch",
-                         extra: Sequence[str] = ()) -> ServerProcess:
-    """The real ``genserve serve`` in its own process, as deployed: the bench's client
-    threads must not share the server's GIL. Timed to SERVING; then (torch runner, not
-    ``--enforce-eager``) waits until the decode step compiled in the background (its log
-    line), so every row measures the same step."""
-    t0 = time.perf_counter()
-    log_file = log_path.open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--model", model, "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "INFO", "--runner", runner, *extra],
-        stdout=log_file, stderr=subprocess.STDOUT)
-    server: ServerProcess | None = None
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        health = health_pb2_grpc.HealthStub(ch)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and server is None:
-            if proc.poll() is not None:
-                raise RuntimeError(f"genserve serve exited during start-up (log: {log_path})")
-            try:
-                status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    server = ServerProcess(proc, log_path, time.perf_counter() - t0)
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    if server is None:
-        proc.kill()
-        raise TimeoutError("genserve serve did not become SERVING in 300 s")
-    while (runner == "torch" and "--enforce-eager" not in extra
-           and time.monotonic() < deadline):
-        text = log_path.read_text()
-        if "decode step compiled" in text or "decode steps stay eager" in text:
-            server.compiled_s = time.perf_counter() - t0
-            break
-        time.sleep(0.5)
-    return server
-
-
-def cli_generate_seconds(address: str) -> float:
-    """Wall time of ``genserve generate`` (a fresh process: imports, channel, one call)."""
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "service.cli", "generate", "--address", address,
-                    "--max-new-tokens", "8", "Hello"], check=True, capture_output=True)
-    return time.perf_counter() - t0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---- report --------------------------------------------------------------------------
 
 def fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:

@@ -719,7 +719,7 @@ def validation_error(schema: Any, text: str) -> str | None:
 def e2e(args: argparse.Namespace, items: list[Item]) -> dict:
     import grpc
 
-    from bench.run import free_port, start_server_process
+    from bench.server import free_port, start_server_process
     from genserve.v1 import generation_pb2 as pb
     from genserve.v1 import generation_pb2_grpc as pb_grpc
 

@@ -9,10 +9,13 @@ A pure-decode step has one query token per row, so its shape is fixed by the row
   dynamic dimension, so no padding and no graph per bucket). Attention runs eagerly
   between the pieces and gathers only as many KV blocks as the step's longest row needs.
   Inductor's FX graph cache keeps the compiled code under the genserve cache root.
-- CUDA: the eager model captured as one ``torch.cuda.CUDAGraph`` per bucket over static
-  buffers, rows padded up to the bucket (padded rows write to the scratch block),
-  attention in-graph over a table as wide as ``max_model_len`` (no host values in the
-  graph). Untested: the machines this was written on have no GPU.
+- CUDA: the eager model captured as one ``torch.cuda.CUDAGraph`` per (row bucket, context
+  width) over static buffers, rows padded up to the bucket (padded rows write to the
+  scratch block), attention in-graph over a block table of the width's columns masked by
+  sequence length (no host values in the graph). Widths of 256, 1024 tokens and
+  ``max_model_len``: a graph as wide as the context gathers 16x the KV a short sequence
+  needs, which at 32 rows cost more than the rest of the step. Tested on a lent H100
+  (tests/engine/test_cuda_graphs.py).
 
 Steps with prefills, and decode steps with more rows than the largest bucket, run
 eagerly. A compiled step that would recompile at run time (a guard failed) is dropped
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 
 from engine.attention import OpaqueDecode, StaticDecode, forward_context
-from engine.decode_inputs import DecodeInputs, DecodeRowLike, build_decode_inputs
+from engine.decode_inputs import DecodeInputs, DecodeRowLike, build_decode_inputs, decode_width
 from engine.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,7 @@ def cap_buckets(buckets: Sequence[int], max_rows: int) -> list[int]:
 
 @dataclass
 class BuildReport:
-    rows: str  # "1", "2-64" (CPU graphs) or "8" (a CUDA bucket)
+    rows: str  # "1", "2-64" (CPU graphs) or "8x1024" (a CUDA bucket: rows x context)
     seconds: float
     status: str  # "compiled", "captured", "skipped (budget)", "failed: ..."
 
@@ -120,19 +123,19 @@ class DecodeGraphs:
         self._compiled: Any = None  # CPU: torch.compile'd forward (both graphs)
         self._single = False  # CPU: the one-row graph is ready
         self._dynamic_max = 0  # CPU: the 2..max-row graph is ready (0 = not)
-        self._cuda_steps: dict[int, StepFn] = {}  # CUDA: bucket -> replay
+        self._cuda_steps: dict[tuple[int, int], StepFn] = {}  # CUDA: (rows, width) -> replay
         self._pool: Any = None
 
     @property
     def max_rows(self) -> int:
         """The most decode rows a compiled step takes (0 = none ready)."""
         if self.device.type == "cuda":
-            return max(self._cuda_steps, default=0)
+            return max((rows for rows, _ in self._cuda_steps), default=0)
         return max(self._dynamic_max, int(self._single))
 
     def covers(self, rows: int) -> bool:
         if self.device.type == "cuda":
-            return any(b >= rows for b in self._cuda_steps)
+            return self.max_rows >= rows
         return (rows == 1 and self._single) or 2 <= rows <= self._dynamic_max
 
     # ---- running -------------------------------------------------------------------
@@ -142,13 +145,14 @@ class DecodeGraphs:
         many rows (the caller runs it eagerly)."""
         n = len(decodes)
         if self.device.type == "cuda":
-            bucket = min((b for b in self._cuda_steps if b >= n), default=None)
-            if bucket is None:
+            need = decode_width(decodes, self.block_size)
+            key = min(((r, w) for r, w in self._cuda_steps if r >= n and w >= need),
+                      default=None)
+            if key is None:
                 return None
             inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
-                                         self.device, pad_to=bucket,
-                                         width=self.max_blocks_per_seq)
-            return self._cuda_steps[bucket](inputs)[:n]
+                                         self.device, pad_to=key[0], width=key[1])
+            return self._cuda_steps[key](inputs)[:n]
         if not self.covers(n):
             return None
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
@@ -208,7 +212,10 @@ class DecodeGraphs:
     def _plan(self, buckets: Sequence[int]) -> list[tuple[str, Callable[[], str]]]:
         sizes = sorted({b for b in buckets if b > 0})
         if self.device.type == "cuda":  # largest first: later graphs reuse its pool memory
-            return [(str(b), partial(self._capture_cuda, b)) for b in reversed(sizes)]
+            widths = sorted({min(w, self.max_blocks_per_seq) for w in (
+                256 // self.block_size, 1024 // self.block_size, self.max_blocks_per_seq)})
+            return [(f"{b}x{w * self.block_size}", partial(self._capture_cuda, b, w))
+                    for b in reversed(sizes) for w in reversed(widths) if w > 0]
         plan: list[tuple[str, Callable[[], str]]] = []
         if 1 in sizes:
             plan.append(("1", self._compile_single))
@@ -261,12 +268,12 @@ class DecodeGraphs:
         self._dynamic_max = max_rows
         return "compiled"
 
-    def _capture_cuda(self, rows: int) -> str:
-        """Static buffers + one CUDA graph for ``rows`` (padded) decode rows."""
+    def _capture_cuda(self, rows: int, width: int) -> str:
+        """Static buffers + one CUDA graph for ``rows`` (padded) decode rows whose contexts
+        fit ``width`` blocks."""
         with torch.inference_mode():
             static = build_decode_inputs([], self.block_size, self.scratch_block,
-                                         self.device, pad_to=rows,
-                                         width=self.max_blocks_per_seq)
+                                         self.device, pad_to=rows, width=width)
         meta = StaticDecode(self.kv_cache, static.slot_mapping, static.block_tables,
                             static.seq_lens)
         model = self.model
@@ -297,5 +304,5 @@ class DecodeGraphs:
             graph.replay()
             return out[0].clone()  # the next replay overwrites ``out``
 
-        self._cuda_steps[rows] = step
+        self._cuda_steps[rows, width] = step
         return "captured"
