@@ -17,14 +17,16 @@ import time
 
 import torch
 
-from engine.config import EngineConfig, ModelInfo, QueueFullError, RequestError
+from engine.config import EngineConfig, ModelInfo, QueueFullError
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logits_process import bind
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
 from engine.processors import ProcessorRunner, overlap_pays
+from engine.request_limits import check_request, past_time_limit
 from engine.runner import Runner, create_runner
-from engine.sampler import Sampler, SamplingMetadata
+from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
+from engine.sampling_rows import sampling_rows
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.speculation import SpeculatorFactory
@@ -71,22 +73,7 @@ class LLMEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
         """What only the engine knows (vocabulary, context, KV capacity); returns the
         request's max new tokens. Callers check once, then ``add_request(..., max_new)``."""
-        if not prompt_token_ids:
-            raise RequestError("prompt", "the prompt is empty")
-        bad = next((t for t in prompt_token_ids if not 0 <= t < self.info.vocab_size), None)
-        if bad is not None:
-            raise RequestError("vocabulary", f"token id {bad} is outside the vocabulary "
-                               f"[0, {self.info.vocab_size})")
-        room = self.info.max_model_len - len(prompt_token_ids)
-        if room < 1:
-            raise RequestError("context", f"the prompt has {len(prompt_token_ids)} tokens; "
-                               f"the context is {self.info.max_model_len} tokens")
-        max_new = min(params.max_new_tokens, room)
-        if len(prompt_token_ids) + max_new > self.scheduler.capacity:
-            raise RequestError("kv_cache", f"prompt + max new tokens "
-                               f"({len(prompt_token_ids) + max_new} tokens) exceeds the KV "
-                               f"cache ({self.scheduler.capacity} tokens)")
-        return max_new
+        return check_request(prompt_token_ids, params, self.info, self.scheduler.capacity)
 
     def num_waiting_requests(self) -> int:
         return len({s.request.request_id for s in self.scheduler.waiting})
@@ -171,14 +158,6 @@ class LLMEngine:
                   exc_info=exc)
         self._finish(seq, FinishReason.ERROR, msg)
 
-    def _check_time_limits(self) -> None:
-        now = time.monotonic()
-        for req in self.requests.values():
-            if req.deadline is not None and now >= req.deadline:
-                for seq in req.sequences:
-                    if not seq.is_finished:
-                        self._finish(seq, FinishReason.TIME_LIMIT)
-
     # ---- stepping -------------------------------------------------------------------
 
     @property
@@ -187,7 +166,8 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        self._check_time_limits()
+        for seq in past_time_limit(self.requests.values(), time.monotonic()):
+            self._finish(seq, FinishReason.TIME_LIMIT)
         scheduled = self.scheduler.schedule()
         self.last_step_tokens = sum(s.num_tokens for s in scheduled)
         if scheduled:
@@ -255,45 +235,19 @@ class LLMEngine:
         spec = [i for i, e in enumerate(entries) if e.proposals]
         if plain:
             rows = [entries[i].rows.start for i in plain]
-            meta, sub = self._metadata(rows, views, logits, generators=True)
+            meta, sub = sampling_rows(rows, views, logits, self._eos, generators=True)
             for i, t in zip(plain, self.sampler(sub, meta, logprobs=False).token_ids.tolist(),
                             strict=True):
                 emitted[i] = [t]
         if spec:
             assert self.speculator is not None
             rows = [r for i in spec for r in entries[i].rows]
-            meta, sub = self._metadata(rows, views, logits, generators=False)
+            meta, sub = sampling_rows(rows, views, logits, self._eos, generators=False)
             verdict = self.speculator.verify([entries[i].seq for i in spec],
                                              [entries[i].proposals for i in spec], sub, meta)
             for i, tokens in zip(spec, verdict, strict=True):
                 emitted[i] = tokens
         return emitted
-
-    def _metadata(self, rows: list[int], views: list[RowView], logits: torch.Tensor,
-                  generators: bool) -> tuple[SamplingMetadata, torch.Tensor]:
-        """Sampling metadata of ``rows`` (each over its own prefix) and their logits."""
-        sub = logits[torch.tensor(rows, device=logits.device)]
-        vs = [views[r] for r in rows]
-        meta = SamplingMetadata.build(
-            [v.seq.request.params for v in vs], [v.prompt_token_ids for v in vs],
-            [v.output_token_ids for v in vs],
-            [v.seq.generator if generators else None for v in vs],
-            [self._bans(v, sub[i]) for i, v in enumerate(vs)], logits.device)
-        return meta, sub
-
-    def _bans(self, view: RowView, logits: torch.Tensor) -> list[int]:
-        """EOS / stop ids banned while min_new_tokens is unmet, but never every token a
-        processor left open (a grammar that can only end): its end wins over the minimum."""
-        seq, params = view.seq, view.seq.request.params
-        if len(view.output_token_ids) >= seq.output.min_new_tokens:
-            return []
-        banned = list(params.stop_token_ids) + ([] if params.ignore_eos else list(self._eos))
-        if banned and seq.processors:
-            finite = torch.isfinite(logits)
-            if int(finite.sum()) <= int(finite[banned].sum()):
-                seq.output.min_new_tokens = 0
-                return []
-        return banned
 
     def _emit(self, seq: Sequence, token_ids: list[int],
               logprobs: list[TokenLogprob] | None) -> None:

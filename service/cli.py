@@ -18,6 +18,7 @@ from typing import Any
 from engine.config import EngineConfig
 from service.logs import LOG_FORMATS, setup_logging
 from specdecode.config import SpeculativeConfig
+from structured.spec import WHITESPACE_MODES
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20,
           "gib": 2**30}
@@ -46,6 +47,101 @@ def _int_at_least(low: int):
 
 
 positive_int, non_negative_int = _int_at_least(1), _int_at_least(0)
+
+# Flag groups that set one config dataclass's fields, a flag a field: (flag, field, kind,
+# help). A flag's default is its field's default; ``kind`` is the flag's argparse type, a
+# tuple of choices, or ``bool`` for a switch. ``_add_flags`` adds a group to the parser and
+# ``_flag_values`` reads it back as the config's keyword arguments.
+Flags = tuple[tuple[str, str, Any, str], ...]
+
+_ENGINE_FLAGS: Flags = (  # EngineConfig
+    ("--max-model-len", "max_model_len", positive_int,
+     "context length (default: min(model's, 4096))"),
+    ("--max-num-seqs", "max_num_seqs", positive_int, "sequences running in one step"),
+    ("--max-num-batched-tokens", "max_num_batched_tokens", positive_int,
+     "token budget of one step (longer prompts are prefilled in chunks)"),
+    ("--kv-cache-memory", "kv_cache_memory", parse_bytes,
+     "memory for the KV cache, e.g. 2GiB"),
+    ("--block-size", "block_size", positive_int, "tokens per KV block"),
+    ("--dtype", "dtype", str, "auto|float32|bfloat16|float16"),
+    ("--device", "device", str, "auto|cpu|cuda|cuda:N"),
+    ("--runner", "runner", ("auto", "torch", "llamacpp"),
+     "model runner: llamacpp runs a .gguf's quantised weights on the CPU "
+     "(llama-cpp-python); torch runs HF directories and GGUFs through transformers (fp32 "
+     "on CPU, CUDA); auto = llamacpp for a .gguf on CPU when llama-cpp-python is "
+     "installed, else torch"),
+    ("--threads", "threads", positive_int,
+     "llama.cpp runner's threads (default: the cores this process may use)"),
+    ("--enforce-eager", "enforce_eager", bool,
+     "run every step eagerly: no compiled decode step (torch.compile on CPU, built in the "
+     "background while serving; CUDA graphs on CUDA, captured before SERVING)"),
+    ("--max-waiting", "max_waiting", positive_int,
+     "waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED"),
+)
+_LIMIT_FLAGS: Flags = (  # ServiceLimits (and --disable-prompt-logprobs)
+    ("--default-max-new-tokens", "default_max_new_tokens", positive_int,
+     "max_new_tokens when a request leaves it unset"),
+    ("--max-new-tokens", "max_new_tokens", positive_int,
+     "the most new tokens a request may ask for (both APIs; a TGIS request's "
+     "max_new_tokens 0 means this)"),
+    ("--max-input-chars", "max_input_chars", positive_int,
+     "longest prompt (text or chat contents) or Tokenize text in characters; longer ones "
+     "are refused before tokenising"),
+    ("--max-batch-size", "max_batch_size", positive_int,
+     "most items in one GenerateBatch call"),
+    ("--max-n", "max_n", positive_int, "most completions per request"),
+    ("--max-top-logprobs", "max_top_logprobs", non_negative_int,
+     "most top_logprobs per token"),
+    ("--max-stop-sequences", "max_stop_sequences", non_negative_int,
+     "most stop sequences per request"),
+)
+_STRUCTURED_FLAGS: Flags = (  # StructuredConfig (unless --no-structured-output)
+    ("--structured-compile-timeout", "compile_timeout_s", float,
+     "seconds a grammar may take to compile before INVALID_ARGUMENT"),
+    ("--structured-max-spec-bytes", "max_spec_bytes", int,
+     "largest schema / regex / grammar accepted"),
+    ("--structured-max-whitespace", "max_consecutive_whitespace", int,
+     "most consecutive whitespace characters a JSON output may contain"),
+    ("--structured-cache-size", "cache_size", int, "compiled grammars kept (LRU)"),
+    ("--structured-whitespace", "default_whitespace", WHITESPACE_MODES,
+     "free whitespace in JSON outputs for requests that do not choose"),
+    ("--structured-compile-workers", "compile_workers", int,
+     "worker processes compiling xgrammar / lm-format-enforcer grammars"),
+    ("--structured-compile-max-rss-mb", "compile_max_rss_mb", int,
+     "a compile worker using more memory than this is killed"),
+    ("--structured-accelerate-after", "accelerate_after", int,
+     "auto: requests of one spec before xgrammar builds it in the background (0 = never)"),
+)
+_SPEC_FLAGS: Flags = (  # SpeculativeConfig (and --spec-off-by-default)
+    ("--spec-method", "method", ("ngram", "draft"),
+     "speculative decoding proposer (default: off)"),
+    ("--spec-draft-model", "draft_model", str,
+     "draft model for --spec-method draft: HF directory, .gguf file, 'default', or "
+     "'self:N' (the target's first N layers and its head)"),
+    ("--num-spec-tokens", "num_spec_tokens", positive_int,
+     "tokens proposed per sequence per step (k)"),
+    ("--spec-ngram-min", "ngram_min", positive_int,
+     "shortest n-gram the prompt-lookup proposer matches"),
+    ("--spec-ngram-max", "ngram_max", positive_int,
+     "longest n-gram the prompt-lookup proposer matches (tried first)"),
+    ("--spec-disable-batch-size", "disable_batch_size", positive_int,
+     "speculation turns off for a step when more sequences run than this"),
+    ("--spec-scorer", "scorer", ("batch_expansion", "multi_token"),
+     "how the target scores proposals: k+1 single-token queries per sequence in one "
+     "batched attention, or one k+1-token query each"),
+)
+
+
+def _add_flags(p: argparse.ArgumentParser, defaults: object, flags: Flags) -> None:
+    for flag, field, kind, help_ in flags:
+        how = ({"action": "store_true"} if kind is bool else
+               {"choices": kind} if isinstance(kind, tuple) else {"type": kind})
+        p.add_argument(flag, default=getattr(defaults, field), help=help_, **how)
+
+
+def _flag_values(args: argparse.Namespace, flags: Flags) -> dict[str, Any]:
+    return {field: getattr(args, flag.lstrip("-").replace("-", "_"))
+            for flag, field, _, _ in flags}
 
 
 class _LazySubcommands(argparse._SubParsersAction):
@@ -80,7 +176,6 @@ def _serve_parser(sub) -> None:
 def _serve_args(p: argparse.ArgumentParser) -> None:
     from service.validation import ServiceLimits
     from structured.manager import StructuredConfig
-    from structured.spec import WHITESPACE_MODES
 
     e, limits = EngineConfig(), ServiceLimits()
     p.add_argument("--config", default=None, metavar="FILE",
@@ -98,41 +193,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "same sequence of calls identically; default: random")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=non_negative_int, default=50051, help="0 = any free port")
-    p.add_argument("--max-model-len", type=positive_int, default=None,
-                   help="context length (default: min(model's, 4096))")
-    p.add_argument("--max-num-seqs", type=positive_int, default=e.max_num_seqs,
-                   help="sequences running in one step")
-    p.add_argument("--max-num-batched-tokens", type=positive_int, default=e.max_num_batched_tokens,
-                   help="token budget of one step (longer prompts are prefilled in chunks)")
-    p.add_argument("--kv-cache-memory", type=parse_bytes, default=e.kv_cache_memory,
-                   help="memory for the KV cache, e.g. 2GiB")
-    p.add_argument("--block-size", type=positive_int, default=e.block_size,
-                   help="tokens per KV block")
-    p.add_argument("--dtype", default=e.dtype, help="auto|float32|bfloat16|float16")
-    p.add_argument("--device", default=e.device, help="auto|cpu|cuda|cuda:N")
-    p.add_argument("--runner", choices=["auto", "torch", "llamacpp"], default=e.runner,
-                   help="model runner: llamacpp runs a .gguf's quantised weights on the CPU "
-                        "(llama-cpp-python); torch runs HF directories and GGUFs through "
-                        "transformers (fp32 on CPU, CUDA); auto = llamacpp for a .gguf on "
-                        "CPU when llama-cpp-python is installed, else torch")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="llama.cpp runner's threads (default: the cores this process may "
-                        "use)")
-    p.add_argument("--enforce-eager", action="store_true",
-                   help="run every step eagerly: no compiled decode step (torch.compile on "
-                        "CPU, built in the background while serving; CUDA graphs on CUDA, "
-                        "captured before SERVING)")
-    p.add_argument("--max-waiting", type=positive_int, default=e.max_waiting,
-                   help="waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED")
-    p.add_argument("--default-max-new-tokens", type=positive_int,
-                   default=limits.default_max_new_tokens,
-                   help="max_new_tokens when a request leaves it unset")
-    p.add_argument("--max-new-tokens", type=positive_int, default=limits.max_new_tokens,
-                   help="the most new tokens a request may ask for (both APIs; a TGIS "
-                        "request's max_new_tokens 0 means this)")
-    p.add_argument("--max-input-chars", type=positive_int, default=limits.max_input_chars,
-                   help="longest prompt (text or chat contents) or Tokenize text in "
-                        "characters; longer ones are refused before tokenising")
+    _add_flags(p, e, _ENGINE_FLAGS)
+    _add_flags(p, limits, _LIMIT_FLAGS)
     p.add_argument("--disable-prompt-logprobs", action="store_true",
                    help="refuse prompt logprobs (native output.prompt_logprobs); TGIS "
                         "input_tokens then carry text only")
@@ -142,36 +204,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                    default=True,
                    help="TGIS API: include the matched stop sequence in the output text when "
                         "a request leaves include_stop_sequence unset")
-    p.add_argument("--max-batch-size", type=positive_int, default=limits.max_batch_size,
-                   help="most items in one GenerateBatch call")
-    p.add_argument("--max-n", type=positive_int, default=limits.max_n,
-                   help="most completions per request")
-    p.add_argument("--max-top-logprobs", type=non_negative_int, default=limits.max_top_logprobs)
-    p.add_argument("--max-stop-sequences", type=non_negative_int, default=limits.max_stop_sequences)
     p.add_argument("--drain-grace-seconds", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight calls may take to finish")
-    sc = StructuredConfig()
     p.add_argument("--no-structured-output", action="store_true",
                    help="disable structured output (skips building the backends at start-up)")
-    p.add_argument("--structured-compile-timeout", type=float, default=sc.compile_timeout_s,
-                   help="seconds a grammar may take to compile before INVALID_ARGUMENT")
-    p.add_argument("--structured-max-spec-bytes", type=int, default=sc.max_spec_bytes,
-                   help="largest schema / regex / grammar accepted")
-    p.add_argument("--structured-max-whitespace", type=int,
-                   default=sc.max_consecutive_whitespace,
-                   help="most consecutive whitespace characters a JSON output may contain")
-    p.add_argument("--structured-cache-size", type=int, default=sc.cache_size,
-                   help="compiled grammars kept (LRU)")
-    p.add_argument("--structured-whitespace", choices=WHITESPACE_MODES,
-                   default=sc.default_whitespace,
-                   help="free whitespace in JSON outputs for requests that do not choose")
-    p.add_argument("--structured-compile-workers", type=int, default=sc.compile_workers,
-                   help="worker processes compiling xgrammar / lm-format-enforcer grammars")
-    p.add_argument("--structured-compile-max-rss-mb", type=int, default=sc.compile_max_rss_mb,
-                   help="a compile worker using more memory than this is killed")
-    p.add_argument("--structured-accelerate-after", type=int, default=sc.accelerate_after,
-                   help="auto: requests of one spec before xgrammar builds it in the "
-                        "background (0 = never)")
+    _add_flags(p, StructuredConfig(), _STRUCTURED_FLAGS)
     p.add_argument("--processor-plugin", action="append", default=[], metavar="MODULE:CLASS",
                    help="register a logits-processor plugin (repeatable); banned_phrases and "
                         "no_repeat_window are built in")
@@ -193,25 +230,7 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spec_args(p) -> None:
-    sc = SpeculativeConfig()
-    p.add_argument("--spec-method", choices=["ngram", "draft"], default=None,
-                   help="speculative decoding proposer (default: off)")
-    p.add_argument("--spec-draft-model", default=None,
-                   help="draft model for --spec-method draft: HF directory, .gguf file, "
-                        "'default', or 'self:N' (the target's first N layers and its head)")
-    p.add_argument("--num-spec-tokens", type=positive_int, default=sc.num_spec_tokens,
-                   help="tokens proposed per sequence per step (k)")
-    p.add_argument("--spec-ngram-min", type=positive_int, default=sc.ngram_min,
-                   help="shortest n-gram the prompt-lookup proposer matches")
-    p.add_argument("--spec-ngram-max", type=positive_int, default=sc.ngram_max,
-                   help="longest n-gram the prompt-lookup proposer matches (tried first)")
-    p.add_argument("--spec-disable-batch-size", type=positive_int,
-                   default=sc.disable_batch_size,
-                   help="speculation turns off for a step when more sequences run than this")
-    p.add_argument("--spec-scorer", choices=["batch_expansion", "multi_token"],
-                   default=sc.scorer,
-                   help="how the target scores proposals: k+1 single-token queries per "
-                        "sequence in one batched attention, or one k+1-token query each")
+    _add_flags(p, SpeculativeConfig(), _SPEC_FLAGS)
     p.add_argument("--spec-off-by-default", action="store_true",
                    help="speculate only for requests that set speculative.enabled=true")
 
@@ -221,11 +240,8 @@ def _spec_config(args) -> SpeculativeConfig:
         raise SystemExit("--spec-method draft needs --spec-draft-model (a model or self:N)")
     if args.spec_ngram_min > args.spec_ngram_max:
         raise SystemExit("--spec-ngram-min must be <= --spec-ngram-max")
-    return SpeculativeConfig(
-        method=args.spec_method, num_spec_tokens=args.num_spec_tokens,
-        draft_model=args.spec_draft_model, ngram_min=args.spec_ngram_min,
-        ngram_max=args.spec_ngram_max, disable_batch_size=args.spec_disable_batch_size,
-        enabled_by_default=not args.spec_off_by_default, scorer=args.spec_scorer)
+    return SpeculativeConfig(**_flag_values(args, _SPEC_FLAGS),
+                             enabled_by_default=not args.spec_off_by_default)
 
 
 def _json_spec(text: str) -> str:
@@ -318,32 +334,18 @@ def _run_serve(args) -> int:
     from service.validation import ServiceLimits
     from structured.manager import StructuredConfig
 
-    engine = EngineConfig(
-        model=args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_cache_memory=args.kv_cache_memory, block_size=args.block_size, dtype=args.dtype,
-        device=args.device, max_waiting=args.max_waiting, enforce_eager=args.enforce_eager,
-        runner=args.runner, threads=args.threads)
+    engine = EngineConfig(model=args.model, **_flag_values(args, _ENGINE_FLAGS))
+    limit_values = _flag_values(args, _LIMIT_FLAGS)
+    limit_values["default_max_new_tokens"] = min(args.default_max_new_tokens,
+                                                 args.max_new_tokens)
     try:
-        limits = ServiceLimits(
-            default_max_new_tokens=min(args.default_max_new_tokens, args.max_new_tokens),
-            max_new_tokens=args.max_new_tokens, max_input_chars=args.max_input_chars,
-            prompt_logprobs=not args.disable_prompt_logprobs,
-            max_batch_size=args.max_batch_size, max_n=args.max_n,
-            max_top_logprobs=args.max_top_logprobs, max_stop_sequences=args.max_stop_sequences)
+        limits = ServiceLimits(**limit_values, prompt_logprobs=not args.disable_prompt_logprobs)
         config = ServerConfig(
             host=args.host, port=args.port, drain_grace_s=args.drain_grace_seconds,
             limits=limits, engine=engine, speculative=_spec_config(args),
             processor_plugins=args.processor_plugin,
-            structured=None if args.no_structured_output else StructuredConfig(
-                max_spec_bytes=args.structured_max_spec_bytes,
-                compile_timeout_s=args.structured_compile_timeout,
-                cache_size=args.structured_cache_size,
-                max_consecutive_whitespace=args.structured_max_whitespace,
-                default_whitespace=args.structured_whitespace,
-                compile_workers=args.structured_compile_workers,
-                compile_max_rss_mb=args.structured_compile_max_rss_mb,
-                accelerate_after=args.structured_accelerate_after),
+            structured=None if args.no_structured_output
+            else StructuredConfig(**_flag_values(args, _STRUCTURED_FLAGS)),
             metrics_port=args.metrics_port or None, tls_cert=args.tls_cert,
             tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, fmaas=args.fmaas,
             tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs),

@@ -48,6 +48,21 @@ FINISHED_REASON = {FinishReason.EOS: "stop", FinishReason.STOP_SEQUENCE: "stop",
                    FinishReason.ERROR: "error"}
 COMPILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0)
+# vLLM's request-stage latencies: (name, help, from, to), from and to naming RequestTimes
+# fields; a finished request observes each stage whose two times it has (a request that
+# never got a token has no prefill or decode time).
+_STAGES = (
+    ("genserve_e2e_request_latency_seconds", "arrival in the engine to the last token",
+     "arrival", "finished"),
+    ("genserve_request_queue_time_seconds", "time waiting before the first scheduled step",
+     "arrival", "first_scheduled"),
+    ("genserve_request_prefill_time_seconds", "first scheduled step to the first token",
+     "first_scheduled", "first_token"),
+    ("genserve_request_decode_time_seconds", "first token to the last",
+     "first_token", "finished"),
+    ("genserve_request_inference_time_seconds",
+     "first scheduled step to the last token (prefill + decode)", "first_scheduled", "finished"),
+)
 
 
 class EngineCollector(Collector):
@@ -130,21 +145,9 @@ class Metrics:
         self.request_success = Counter(
             "genserve_request_success", "finished sequences by finished_reason (stop, "
             "length, abort, time_limit, error)", [*m, "finished_reason"], registry=r)
-        self.e2e_latency = Histogram(
-            "genserve_e2e_request_latency_seconds", "arrival in the engine to the last token",
-            m, buckets=DURATION_BUCKETS, registry=r)
-        self.queue_time = Histogram(
-            "genserve_request_queue_time_seconds", "time waiting before the first scheduled "
-            "step", m, buckets=DURATION_BUCKETS, registry=r)
-        self.prefill_time = Histogram(
-            "genserve_request_prefill_time_seconds", "first scheduled step to the first "
-            "token", m, buckets=DURATION_BUCKETS, registry=r)
-        self.decode_time = Histogram(
-            "genserve_request_decode_time_seconds", "first token to the last", m,
-            buckets=DURATION_BUCKETS, registry=r)
-        self.inference_time = Histogram(
-            "genserve_request_inference_time_seconds", "first scheduled step to the last "
-            "token (prefill + decode)", m, buckets=DURATION_BUCKETS, registry=r)
+        self.stage_latency = [
+            (start, end, Histogram(name, doc, m, buckets=DURATION_BUCKETS, registry=r))
+            for name, doc, start, end in _STAGES]
         self.request_prompt_tokens = Histogram(
             "genserve_request_prompt_tokens", "prompt length of finished requests, tokens", m,
             buckets=TOKEN_BUCKETS, registry=r)
@@ -228,14 +231,10 @@ class Metrics:
         self.request_generation_tokens.labels(model).observe(usage.completion_tokens)
         if times is None or times.finished is None:
             return
-        self.e2e_latency.labels(model).observe(times.finished - times.arrival)
-        if times.first_scheduled is not None:
-            self.queue_time.labels(model).observe(times.first_scheduled - times.arrival)
-            self.inference_time.labels(model).observe(times.finished - times.first_scheduled)
-            if times.first_token is not None:
-                self.prefill_time.labels(model).observe(
-                    times.first_token - times.first_scheduled)
-                self.decode_time.labels(model).observe(times.finished - times.first_token)
+        for start, end, histogram in self.stage_latency:
+            begun, ended = getattr(times, start), getattr(times, end)
+            if begun is not None and ended is not None:
+                histogram.labels(model).observe(ended - begun)
 
     # StructuredOutputs observer protocol (structured.manager.CompileObserver)
     def on_compile(self, backend: str, seconds: float, ok: bool) -> None:

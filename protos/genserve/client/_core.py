@@ -151,28 +151,24 @@ class GenerateResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (what ``genserve generate --json`` prints)."""
-        return {
-            "request_id": self.request_id,
-            "completions": [_completion_dict(c) for c in self.completions],
-            "usage": vars(self.usage).copy(),
-            **({"prompt_token_ids": list(self.prompt_token_ids)}
-               if self.prompt_token_ids else {}),
-            **({"prompt_logprobs": _logprobs_list(self.prompt_logprobs)}
-               if self.prompt_logprobs else {}),
-            **({"seed": self.seed} if self.seed is not None else {}),
-        }
+        return _with_set(
+            {"request_id": self.request_id,
+             "completions": [_completion_dict(c) for c in self.completions],
+             "usage": vars(self.usage).copy()},
+            prompt_token_ids=list(self.prompt_token_ids),
+            prompt_logprobs=_logprobs_list(self.prompt_logprobs), seed=self.seed)
 
 
 def _completion_dict(c: Completion) -> dict[str, Any]:
-    d: dict[str, Any] = {"index": c.index, "text": c.text, "finish_reason": c.finish_reason}
-    if c.stop_sequence is not None:
-        d["stop_sequence"] = c.stop_sequence
-    if c.token_ids:
-        d["token_ids"] = list(c.token_ids)
-    if c.logprobs:
-        d["logprobs"] = _logprobs_list(c.logprobs)
-    if c.error is not None:
-        d["error"] = c.error
+    return _with_set({"index": c.index, "text": c.text, "finish_reason": c.finish_reason},
+                     stop_sequence=c.stop_sequence, token_ids=list(c.token_ids),
+                     logprobs=_logprobs_list(c.logprobs), error=c.error)
+
+
+def _with_set(d: dict[str, Any], **optional: Any) -> dict[str, Any]:
+    """``d`` and, in their order, the ``optional`` items that are set (not None, not an
+    empty list): ``to_dict`` leaves unset fields out."""
+    d.update((k, v) for k, v in optional.items() if v is not None and v != [])
     return d
 
 
@@ -224,25 +220,13 @@ class StreamChunk:
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable data (``genserve generate --stream --json`` prints one
         per line); unset fields are left out."""
-        d: dict[str, Any] = {"request_id": self.request_id, "index": self.index,
-                             "text": self.text}
-        if self.token_ids:
-            d["token_ids"] = list(self.token_ids)
-        if self.finish_reason is not None:
-            d["finish_reason"] = self.finish_reason
-        if self.stop_sequence is not None:
-            d["stop_sequence"] = self.stop_sequence
-        if self.logprobs:
-            d["logprobs"] = _logprobs_list(self.logprobs)
-        if self.usage is not None:
-            d["usage"] = vars(self.usage).copy()
-        if self.error is not None:
-            d["error"] = self.error
-        if self.seed is not None:
-            d["seed"] = self.seed
-        if self.prompt_logprobs:
-            d["prompt_logprobs"] = _logprobs_list(self.prompt_logprobs)
-        return d
+        return _with_set(
+            {"request_id": self.request_id, "index": self.index, "text": self.text},
+            token_ids=list(self.token_ids), finish_reason=self.finish_reason,
+            stop_sequence=self.stop_sequence, logprobs=_logprobs_list(self.logprobs),
+            usage=vars(self.usage).copy() if self.usage is not None else None,
+            error=self.error, seed=self.seed,
+            prompt_logprobs=_logprobs_list(self.prompt_logprobs))
 
 
 @dataclass(frozen=True)

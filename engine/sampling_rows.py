@@ -1,0 +1,42 @@
+"""Sampling metadata for chosen logits rows of a step, each row over its own prefix (its
+sequence's output plus the proposals before it), with min-new-tokens bans."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+
+from engine.sampler import SamplingMetadata
+from engine.step_layout import RowView
+
+
+def sampling_rows(rows: list[int], views: list[RowView], logits: torch.Tensor,
+                  eos: Collection[int], generators: bool
+                  ) -> tuple[SamplingMetadata, torch.Tensor]:
+    """Sampling metadata of ``rows`` (each over its own prefix) and their logits.
+    ``generators``: attach each row's sequence generator (plain sampling; the speculator's
+    verifier takes the sequences' generators itself)."""
+    sub = logits[torch.tensor(rows, device=logits.device)]
+    vs = [views[r] for r in rows]
+    meta = SamplingMetadata.build(
+        [v.seq.request.params for v in vs], [v.prompt_token_ids for v in vs],
+        [v.output_token_ids for v in vs],
+        [v.seq.generator if generators else None for v in vs],
+        [min_tokens_bans(v, sub[i], eos) for i, v in enumerate(vs)], logits.device)
+    return meta, sub
+
+
+def min_tokens_bans(view: RowView, logits: torch.Tensor, eos: Collection[int]) -> list[int]:
+    """EOS / stop ids banned while min_new_tokens is unmet, but never every token a
+    processor left open (a grammar that can only end): its end wins over the minimum."""
+    seq, params = view.seq, view.seq.request.params
+    if len(view.output_token_ids) >= seq.output.min_new_tokens:
+        return []
+    banned = list(params.stop_token_ids) + ([] if params.ignore_eos else list(eos))
+    if banned and seq.processors:
+        finite = torch.isfinite(logits)
+        if int(finite.sum()) <= int(finite[banned].sum()):
+            seq.output.min_new_tokens = 0
+            return []
+    return banned
