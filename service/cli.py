@@ -329,7 +329,7 @@ def _generate_parser(sub) -> None:
 
 
 def _run_serve(args) -> int:
-    from service.server import ServerConfig, serve
+    from service.server import ServerConfig, exit_status, serve
     from service.tgis_params import TgisOptions
     from service.validation import ServiceLimits
     from structured.manager import StructuredConfig
@@ -355,11 +355,11 @@ def _run_serve(args) -> int:
         print(f"genserve serve: error: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(config))
+        server = asyncio.run(serve(config))
     except Exception:
         logging.getLogger("genserve").exception("the server failed")
         return 1
-    return 0
+    return exit_status(server, 0)  # ends the process here while a compile thread runs
 
 
 def _run_generate(args: argparse.Namespace) -> int:

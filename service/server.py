@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -222,7 +224,8 @@ class GenServer:
 
     def _compile_in_background(self) -> None:
         """Compiling takes 20-45 s on a small CPU: serve eagerly meanwhile instead of
-        holding SERVING back. A daemon thread, so shutdown never waits on a compile."""
+        holding SERVING back. A daemon thread, so shutdown never waits on a compile; a
+        process still compiling after its drain ends through ``exit_status``."""
         engine = self.engine
         assert engine is not None
 
@@ -240,6 +243,11 @@ class GenServer:
         self.compile_thread = threading.Thread(target=build, name="genserve-compile",
                                                daemon=True)
         self.compile_thread.start()
+
+    @property
+    def compiling(self) -> bool:
+        """The background decode-step compile is still running."""
+        return self.compile_thread is not None and self.compile_thread.is_alive()
 
     async def _watch_engine(self) -> None:
         """A crashed engine loop can serve nothing: stop routing traffic here at once."""
@@ -335,8 +343,9 @@ class GenServer:
         await self._stopped.wait()
 
 
-async def serve(config: ServerConfig) -> None:
-    """Run until a signal drains the server (even mid start-up); a failed start re-raises."""
+async def serve(config: ServerConfig) -> GenServer:
+    """Run until a signal drains the server (even mid start-up); a failed start re-raises.
+    Returns the stopped server: pass it to ``exit_status`` once the event loop is closed."""
     server = GenServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -354,3 +363,31 @@ async def serve(config: ServerConfig) -> None:
         starting.cancel()
     elif not starting.cancelled() and starting.exception() is not None:
         log.info("start-up interrupted by the shutdown: %s", starting.exception())
+    return server
+
+
+def exit_status(server: GenServer | None, code: int) -> int:
+    """``code``, for the process to exit with once ``serve`` returned; but while the
+    background decode-step compile still runs, the process ends here, ``os._exit(code)``
+    after flushing the logs, instead of returning into the interpreter's shutdown.
+
+    Why: at shutdown CPython ends each daemon thread that wants the GIL back with
+    ``pthread_exit``. The compile thread keeps entering torch calls that release the GIL
+    (pybind11 ``gil_scoped_release``); caught inside one, it takes the GIL back in that
+    guard's noexcept destructor, the forced unwind reaches it, C++ calls ``std::terminate``
+    and the process aborts (SIGABRT, "terminate called without an active exception")
+    after a clean drain. Stopping the compile instead cannot bound the shutdown: one graph
+    is a single ``torch.compile`` call of 10-30 s that nothing interrupts, and its result
+    would be dropped anyway. By now the drain has answered or ended every call and closed
+    the ports, the engine and the grammar workers, so skipping the interpreter's shutdown
+    loses nothing: inductor's compile workers kill themselves once their parent is gone,
+    and a compile cut short leaves its cache as a SIGKILL would (entries are written to a
+    temporary file and renamed)."""
+    if server is None or not server.compiling:
+        return code
+    log.info("exiting with the background decode-step compile unfinished (%d)", code)
+    logging.shutdown()  # flushes every handler
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -144,10 +144,9 @@ def test_serve_with_json_logs_and_metrics_port(tiny_model_dir, tmp_path):
     """A real ``genserve serve --log-format json --metrics-port N`` process."""
     metrics_port = free_port()
     log_path = tmp_path / "serve.log"
-    # --enforce-eager: SIGTERM while the background decode-step compile runs can end the
-    # process with SIGABRT at exit (a known bug, in the issue notes); not this test's subject
+    # compiles the decode step in the background, as served (SIGTERM may come mid-compile)
     proc, port = serve(tiny_model_dir, log_path, "--no-structured-output", "--log-format",
-                       "json", "--metrics-port", str(metrics_port), "--enforce-eager")
+                       "json", "--metrics-port", str(metrics_port))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             wait_serving(proc, ch, log_path)
