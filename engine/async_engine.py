@@ -124,12 +124,21 @@ class AsyncEngine:
         self._waiters[request_id] = queue
         self._post(("add", (request_id, list(prompt_token_ids), params, max_new, None)))
         finished = False
+        later: RequestOutput | BaseException | None = None
         try:
             while True:
-                item = await queue.get()
+                item = later if later is not None else await queue.get()
+                later = None
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                # a consumer behind the engine gets what piled up as one output
+                while not item.finished and not queue.empty():
+                    nxt = queue.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        later = nxt
+                        break
+                    item.add(nxt)
                 finished = item.finished
                 yield item
                 if finished:

@@ -40,6 +40,16 @@ class CompletionDelta:
     stop_sequence: str | None = None
     error: str | None = None
 
+    def add(self, delta: CompletionDelta) -> None:
+        """Append a later delta of the same sequence."""
+        self.text += delta.text
+        self.token_ids.extend(delta.token_ids)
+        self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_sequence = delta.stop_sequence
+            self.error = delta.error
+
 
 @dataclass
 class Usage:
@@ -72,19 +82,24 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob] | None = None
     times: RequestTimes | None = None  # on the finished output only
 
+    def add(self, later: RequestOutput) -> None:
+        """Fold a later output of the same request into this one (a stream consumer that
+        fell behind gets one output, and one message, for several steps)."""
+        mine = {d.index: d for d in self.deltas}
+        for d in later.deltas:
+            if d.index in mine:
+                mine[d.index].add(d)
+            else:
+                self.deltas.append(d)
+                mine[d.index] = d
+        self.finished, self.usage = later.finished, later.usage
+        self.prompt_logprobs = self.prompt_logprobs or later.prompt_logprobs
+        self.times = later.times or self.times
+
 
 @dataclass
 class Completion(CompletionDelta):
-    """A whole sequence's output, accumulated from its deltas."""
-
-    def add(self, delta: CompletionDelta) -> None:
-        self.text += delta.text
-        self.token_ids.extend(delta.token_ids)
-        self.logprobs.extend(delta.logprobs)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.stop_sequence = delta.stop_sequence
-            self.error = delta.error
+    """A whole sequence's output, accumulated from its deltas (``add``)."""
 
 
 @dataclass

@@ -231,3 +231,39 @@ def test_a_burst_fills_free_seats_before_the_queue_bound_applies(tiny_model_dir)
     results = asyncio.run(main())
     refused = [r for r in results if isinstance(r, QueueFullError)]
     assert len(refused) == 1, results
+
+
+def test_a_stream_consumer_behind_the_engine_gets_merged_outputs_with_every_token(
+        tiny_model_dir):
+    """A slow reader is not sent one output per step: what piled up comes as one output,
+    with the same tokens and text, in order, and the finish reason once at the end."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
+    params = SamplingParams(max_new_tokens=24, min_new_tokens=24, n=2)
+
+    async def read(ae: AsyncEngine, rid: str, pause: float):
+        outs = []
+        async for out in ae.generate(rid, [5, 6, 7], params):
+            outs.append(out)
+            await asyncio.sleep(pause)  # the engine thread keeps stepping meanwhile
+        return outs
+
+    async def main():
+        ae = AsyncEngine(engine)
+        ae.start()
+        fast = await read(ae, "fast", 0)
+        slow = await read(ae, "slow", 0.05)
+        await ae.shutdown()
+        return fast, slow
+
+    fast, slow = asyncio.run(main())
+    assert len(slow) < len(fast) // 2  # several steps per output
+    for outs in (fast, slow):
+        assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+        assert outs[-1].usage.completion_tokens == 48
+    for index in (0, 1):
+        def joined(outs):
+            ds = [d for o in outs for d in o.deltas if d.index == index]
+            assert [d.finish_reason for d in ds][-1] is FinishReason.LENGTH
+            assert all(d.finish_reason is None for d in ds[:-1])
+            return [t for d in ds for t in d.token_ids], "".join(d.text for d in ds)
+        assert joined(slow) == joined(fast)
