@@ -260,10 +260,11 @@ def test_a_stream_consumer_behind_the_engine_gets_merged_outputs_with_every_toke
     for outs in (fast, slow):
         assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
         assert outs[-1].usage.completion_tokens == 48
+    def joined(outs, index: int) -> tuple[list[int], str]:
+        ds = [d for o in outs for d in o.deltas if d.index == index]
+        assert [d.finish_reason for d in ds][-1] is FinishReason.LENGTH
+        assert all(d.finish_reason is None for d in ds[:-1])
+        return [t for d in ds for t in d.token_ids], "".join(d.text for d in ds)
+
     for index in (0, 1):
-        def joined(outs):
-            ds = [d for o in outs for d in o.deltas if d.index == index]
-            assert [d.finish_reason for d in ds][-1] is FinishReason.LENGTH
-            assert all(d.finish_reason is None for d in ds[:-1])
-            return [t for d in ds for t in d.token_ids], "".join(d.text for d in ds)
-        assert joined(slow) == joined(fast)
+        assert joined(slow, index) == joined(fast, index)
