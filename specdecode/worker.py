@@ -10,6 +10,13 @@ keep being rejected (open-ended text under n-gram lookup) also backs off: from i
 step in a row that accepted nothing it skips 1, 2, 4 ... up to ``MAX_BACKOFF`` steps
 before proposing again (one miss is common in copied text: a changed word). Any choice of
 proposals leaves the output exact, so this only trades speed.
+
+Where verify rows are *not* nearly free (the runner's ``row_cost``: on llama.cpp here each
+extra row of a sequence costs ~0.6 of a one-row step, its quantised matmuls being compute
+bound at batch 1), proposals are also capped at the count that maximises expected tokens
+per unit of step cost, from the sequence's recent per-token acceptance; a sequence capped
+to none probes with one proposal every ``PROBE_EVERY`` steps, so a copy run that begins is
+found again.
 """
 
 from __future__ import annotations
@@ -33,6 +40,18 @@ from specdecode.rejection import rejection_sample, verify_greedy
 
 MAX_BACKOFF = 16
 START_K = 4
+PROBE_EVERY = 8
+
+
+def worth_proposing(k: int, alpha: float, row_cost: float) -> int:
+    """The proposal count in 0..k with the most expected tokens per unit of step cost: with
+    per-token acceptance ``alpha``, ``j`` proposals emit ``(1 - alpha**(j+1)) / (1 - alpha)``
+    tokens (the accepted run plus one) for a step costing ``1 + row_cost * j``."""
+    if row_cost <= 0 or k <= 0:
+        return k
+    alpha = min(alpha, 0.999)
+    return max(range(k + 1),
+               key=lambda j: (1 - alpha ** (j + 1)) / (1 - alpha) / (1 + row_cost * j))
 
 
 @dataclass
@@ -40,8 +59,12 @@ class _Pace:
     k: int  # proposals to make next
     misses: int = 0  # consecutive speculative steps that accepted nothing
     skip: int = 0  # steps left before proposing again
+    alpha: float = 0.5  # recent per-token acceptance (moving average over steps)
+    idle: int = 0  # steps in a row the cost cap allowed no proposal
 
     def observe(self, proposed: int, accepted: int, k_max: int) -> None:
+        rejected = int(accepted < proposed)  # a geometric run: successes, then one failure
+        self.alpha = 0.5 * self.alpha + 0.5 * accepted / (accepted + rejected)
         if accepted == proposed:
             self.k = min(k_max, 4 * self.k)
         else:
@@ -72,6 +95,7 @@ class SpecWorker:
         self.disable_batch_size = spec.disable_batch_size
         self.enabled_by_default = spec.enabled_by_default
         self.max_model_len = target.max_model_len
+        self.row_cost = target.row_cost
         self.stats = SpecStats()
         self._pace: dict[int, _Pace] = {}
         self._q: dict[int, torch.Tensor] = {}  # this step's draft distributions by seq id
@@ -109,7 +133,16 @@ class SpecWorker:
             pace.skip -= 1
             return 0
         left = seq.output.max_new_tokens - len(seq.output_token_ids)
-        return max(0, min(pace.k, left - 1))
+        k = max(0, min(pace.k, left - 1))
+        capped = worth_proposing(k, pace.alpha, self.row_cost)
+        if capped or not k:
+            pace.idle = 0
+            return capped
+        pace.idle += 1
+        if pace.idle >= PROBE_EVERY:  # nothing pays at this acceptance: look again
+            pace.idle = 0
+            return 1
+        return 0
 
     def propose(self, seqs: list[Sequence], budgets: list[int]) -> list[list[int]]:
         self._q.clear()
