@@ -202,19 +202,17 @@ class LlamaCppRunner:
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
 
-        self.row_cost = self._measure_row_cost()
+        self._row_cost: float | None = None  # timed on first use (row_cost)
         self.tokenizer = load_tokenizer(source)
         self._check_vocab()
         self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
         log.info("llama.cpp runner: %s (%s, %s) loaded in %.1fs; %d threads; KV cache %d "
-                 "cells (%d blocks of %d, %.0f MiB f16) for %d sequences; an extra row of a "
-                 "sequence costs %.2f of a one-row step", self.model_id,
+                 "cells (%d blocks of %d, %.0f MiB f16) for %d sequences", self.model_id,
                  desc.value.decode(), self.quantization, time.perf_counter() - start,
                  self.threads, cparams.n_ctx, self.num_blocks, config.block_size,
-                 self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs,
-                 self.row_cost)
+                 self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs)
 
     def __del__(self) -> None:
         llama_cpp = getattr(self, "llama_cpp", None)
@@ -227,27 +225,57 @@ class LlamaCppRunner:
             llama_cpp.llama_model_free(self.model)
             self.model = None
 
+    @property
+    def row_cost(self) -> float:
+        """``Runner.row_cost``, timed on first use: by the speculator, on the engine's
+        thread. (Timed in ``__init__``, on the thread that builds the engine, it left a
+        server's later steps ~30% slower: llama.cpp's OpenMP threads then form a team for
+        each of the two calling threads.)"""
+        if self._row_cost is None:
+            self._row_cost = self._measure_row_cost()
+            log.info("llama.cpp runner: an extra row of a sequence costs %.2f of a one-row "
+                     "step", self._row_cost)
+        return self._row_cost
+
     def _measure_row_cost(self, rows: int = 5, reps: int = 3) -> float:
         """What one more row of a sequence adds to a decode step, as a share of a one-row
-        step (``Runner.row_cost``), timed on a scratch sequence (~0.1 s): it depends on
-        the CPU and the quantisation. On this 2-core AVX2 machine the default Q4_1 model
+        step, timed in a small context of its own (~0.1 s): it depends on the CPU and the
+        quantisation. On this 2-core AVX2 machine the default Q4_1 model
         measured ~0.6 (9 rows ~6x one row): its matmuls are compute bound at batch 1."""
-        slot = self._free_slots[-1]  # not handed out yet: left empty again below
-        context = 64
-        self._decode(list(range(100, 100 + context)), list(range(context)), [slot] * context,
-                     [context - 1])
-        ratios = []
-        for _ in range(reps):
-            times = []
-            for n in (1, rows):
-                t0 = time.perf_counter()
-                self._decode(list(range(200, 200 + n)), list(range(context, context + n)),
-                             [slot] * n, list(range(n)))
-                times.append(time.perf_counter() - t0)
-                self.llama_cpp.llama_memory_seq_rm(self.memory, slot, context, -1)
-            ratios.append((times[1] / times[0] - 1) / (rows - 1))
-        self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
-        self._cached[slot] = 0
+        lc = self.llama_cpp
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = 256, 64, 64, 1
+        cparams.n_threads = cparams.n_threads_batch = self.threads
+        cparams.no_perf = True
+        cparams.flash_attn_type = FLASH_ATTN
+        ctx = lc.llama_init_from_model(self.model, cparams)
+        if not ctx:
+            return 0.0
+        memory = lc.llama_get_memory(ctx)
+        arrays = _BatchArrays.allocate(64)
+
+        def decode(start: int, n: int) -> float:
+            arrays.token[:n] = np.arange(100 + start, 100 + start + n)
+            arrays.pos[:n] = np.arange(start, start + n)
+            arrays.seq_id[:n] = 0
+            arrays.logits[:n] = 1
+            t0 = time.perf_counter()
+            if lc.llama_decode(ctx, arrays.batch(lc, 0, n)) != 0:
+                raise RuntimeError("llama_decode failed while timing a verify row")
+            return time.perf_counter() - t0
+
+        try:
+            context = 64
+            decode(0, context)
+            ratios = []
+            for _ in range(reps):
+                one = decode(context, 1)
+                lc.llama_memory_seq_rm(memory, 0, context, -1)
+                more = decode(context, rows)
+                lc.llama_memory_seq_rm(memory, 0, context, -1)
+                ratios.append((more / one - 1) / (rows - 1))
+        finally:
+            lc.llama_free(ctx)
         return min(2.0, max(0.0, sorted(ratios)[reps // 2]))
 
     # ---- model facts ----------------------------------------------------------------

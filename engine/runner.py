@@ -38,9 +38,12 @@ class Runner(Protocol):
     block_size: int
     num_blocks: int  # KV capacity the scheduler hands out, in blocks of block_size tokens
     max_rows_per_seq: int
-    # What one more query row of a sequence adds to a decode step, as a share of a one-row
-    # step (speculation's verify rows); 0 = nearly free, so speculation need not weigh it.
-    row_cost: float
+
+    @property
+    def row_cost(self) -> float:
+        """What one more query row of a sequence adds to a decode step, as a share of a
+        one-row step (speculation's verify rows); 0 = nearly free, nothing to weigh."""
+        ...
 
     def eos_token_ids(self) -> list[int]: ...
 

@@ -95,7 +95,7 @@ class SpecWorker:
         self.disable_batch_size = spec.disable_batch_size
         self.enabled_by_default = spec.enabled_by_default
         self.max_model_len = target.max_model_len
-        self.row_cost = target.row_cost
+        self.target = target  # its row_cost is read when first needed (timed then)
         self.stats = SpecStats()
         self._pace: dict[int, _Pace] = {}
         self._q: dict[int, torch.Tensor] = {}  # this step's draft distributions by seq id
@@ -134,7 +134,7 @@ class SpecWorker:
             return 0
         left = seq.output.max_new_tokens - len(seq.output_token_ids)
         k = max(0, min(pace.k, left - 1))
-        capped = worth_proposing(k, pace.alpha, self.row_cost)
+        capped = worth_proposing(k, pace.alpha, self.target.row_cost)
         if capped or not k:
             pace.idle = 0
             return capped

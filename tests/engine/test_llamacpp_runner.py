@@ -106,10 +106,10 @@ def test_model_info_names_the_runner_and_the_hf_tokenizer_matches_llama_vocab(en
         assert engine.runner.tokenize(text) == mine  # type: ignore[attr-defined]
 
 
-def test_the_cost_of_a_verify_row_is_measured_and_leaves_no_cells_behind(engine):
+def test_the_cost_of_a_verify_row_is_measured_outside_the_serving_context(engine):
     runner = engine.runner
     # Q4_1 on a CPU: an extra row of a sequence costs a real share of a step (0.6 here);
-    # the scratch sequence it was timed on holds nothing afterwards
+    # the serving context holds no cell of the timing
     assert 0.05 < runner.row_cost <= 2.0
     lc = runner.llama_cpp  # type: ignore[attr-defined]
     for slot in range(engine.config.max_num_seqs):

@@ -3,6 +3,8 @@ rejection, and a back-off once they keep missing."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from specdecode.worker import MAX_BACKOFF, PROBE_EVERY, START_K, _Pace, worth_proposing
 
 
@@ -73,7 +75,7 @@ def test_a_sequence_capped_to_no_proposals_probes_with_one_every_few_steps(tiny_
 
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
     worker = SpecWorker(SpeculativeConfig(method="ngram", num_spec_tokens=8), engine.runner)
-    worker.row_cost = 0.6
+    worker.target = SimpleNamespace(row_cost=0.6)  # type: ignore[assignment]
     req = engine.add_request("r", [5, 6, 7], SamplingParams(max_new_tokens=64))
     seq = req.sequences[0]
     worker.budgets([seq], 1)
