@@ -104,7 +104,8 @@ _STRUCTURED_FLAGS: Flags = (  # StructuredConfig (unless --no-structured-output)
      "most consecutive whitespace characters a JSON output may contain"),
     ("--structured-cache-size", "cache_size", int, "compiled grammars kept (LRU)"),
     ("--structured-whitespace", "default_whitespace", WHITESPACE_MODES,
-     "free whitespace in JSON outputs for requests that do not choose"),
+     "free whitespace in JSON outputs for requests that do not choose; the default "
+     "gave the most finished valid outputs in the coverage bench"),
     ("--structured-compile-workers", "compile_workers", int,
      "worker processes compiling xgrammar / lm-format-enforcer grammars"),
     ("--structured-compile-max-rss-mb", "compile_max_rss_mb", int,

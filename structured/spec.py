@@ -16,6 +16,8 @@ COMPACT = "compact"
 SINGLE = "single"
 FLEXIBLE = "flexible"
 WHITESPACE_MODES = (COMPACT, SINGLE, FLEXIBLE)
+# the most finished valid outputs end to end on 72 real schemas (bench.structured_coverage
+# --e2e 72: flexible 35, single 33, compact 32; README, Performance)
 DEFAULT_WHITESPACE = FLEXIBLE
 
 

@@ -178,14 +178,77 @@ def test_sample_matches_its_manifest():
     assert len(quick) == 30 and len({it.subset for it in quick}) >= 15
 
 
-def test_in_schema_order_follows_properties_refs_and_items():
-    from bench.structured_coverage import in_schema_order
+# Properties declared b, a (both required; c optional, in an array of objects declared y, x):
+# grammars emit and accept that order only.
+ORDERED = {"type": "object",
+           "properties": {"b": {"type": "integer"}, "a": {"type": "integer"},
+                          "c": {"type": "array", "items": {
+                              "type": "object", "properties": {"y": {"type": "integer"},
+                                                               "x": {"type": "integer"}}}}},
+           "required": ["a", "b"], "additionalProperties": False}
 
-    schema = {"type": "object", "properties": {"a": {"type": "integer"},
-                                               "b": {"$ref": "#/definitions/B"}},
-              "definitions": {"B": {"type": "array", "items": {
-                  "allOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]}}}}
-    value = {"extra": 0, "b": [{"z": 1, "y": 2, "x": 3}], "a": 1}
-    got = in_schema_order(schema, schema, value)
-    assert serialise(got) == '{"a":1,"b":[{"x":3,"y":2,"z":1}],"extra":0}'
-    assert got == value  # the same instance, only its key order changed
+
+@pytest.fixture(scope="module")
+def ordered_backends(structured):
+    """Backends that fix the key order (lm-format-enforcer accepts any order)."""
+    from structured.spec import LLGUIDANCE, XGRAMMAR, StructuredSpec
+
+    out = {}
+    for name in (LLGUIDANCE, XGRAMMAR):
+        if name in structured.backends:
+            spec = StructuredSpec("json_schema", json.dumps(ORDERED), name)
+            out[name] = asyncio.run(structured.factory(spec))
+    assert out
+    return out
+
+
+def test_valid_instance_is_retried_with_keys_in_the_grammars_order(ordered_backends,
+                                                                   tokenizer):
+    from bench.structured_coverage import check_value, in_grammar_order
+    from structured.grammar import bitmask_words
+
+    words, eos = bitmask_words(len(tokenizer)), [tokenizer.eos_token_id]
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    for name, factory in ordered_backends.items():
+        def fresh(factory=factory):
+            return factory.create().grammar
+
+        def run(value, valid):
+            return check_value(fresh, encode, value, valid, eos, words)
+
+        # refused as serialised, accepted reordered (nested objects too)
+        value = {"a": 1, "c": [{"x": 1, "y": 2}, {"x": 3}], "b": 2}
+        assert serialise(in_grammar_order(fresh(), encode, value)) == \
+            '{"b":2,"a":1,"c":[{"y":2,"x":1},{"x":3}]}', name
+        strict, reordered = run(value, True)
+        assert (strict.grammar_accepts, reordered) == (False, True), name
+        # already in order: accepted strictly, not retried
+        strict, reordered = run({"b": 2, "a": 1}, True)
+        assert (strict.grammar_accepts, reordered) == (True, None), name
+        # a required key missing: no order helps (even if the data called it valid)
+        assert in_grammar_order(fresh(), encode, {"a": 1}) is None, name
+        strict, reordered = run({"a": 1}, True)
+        assert (strict.grammar_accepts, reordered) == (False, False), name
+        # invalid instances are never reordered, so never accepted by reordering
+        strict, reordered = run({"a": 1, "b": "2"}, False)
+        assert (strict.correct, reordered) == (True, None), name
+        strict, reordered = run({"a": 1, "b": 2, "z": 0}, False)
+        assert (strict.correct, reordered) == (True, None), name
+        assert in_grammar_order(fresh(), encode, {"a": 1, "b": 2, "z": 0}) is None, name
+
+
+def test_in_grammar_order_leaves_the_grammar_as_it_was_when_it_fails(ordered_backends,
+                                                                     tokenizer):
+    from bench.structured_coverage import in_grammar_order
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    for name, factory in ordered_backends.items():
+        g = factory.create().grammar
+        assert in_grammar_order(g, encode, {"b": 1, "a": "x"}) is None, name
+        # rolled back to the start: a good value still goes through from here
+        assert in_grammar_order(g, encode, {"a": 1, "b": 2}) == {"b": 2, "a": 1}, name
