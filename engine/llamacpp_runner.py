@@ -229,8 +229,8 @@ class LlamaCppRunner:
     def row_cost(self) -> float:
         """``Runner.row_cost``, timed on first use: by the speculator, on the engine's
         thread. (Timed in ``__init__``, on the thread that builds the engine, it left a
-        server's later steps ~30% slower: llama.cpp's OpenMP threads then form a team for
-        each of the two calling threads.)"""
+        server's later steps ~30% slower, measured; the likely cause, not proven: OpenMP
+        then keeps a worker team for each of the two threads that called llama.cpp.)"""
         if self._row_cost is None:
             self._row_cost = self._measure_row_cost()
             log.info("llama.cpp runner: an extra row of a sequence costs %.2f of a one-row "
