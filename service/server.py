@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, in_own_thread
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from fmaas import generation_pb2_grpc as tgis_grpc
@@ -179,7 +179,7 @@ class GenServer:
                           self.config.metrics_port, e)
         if self.engine is None:
             start = time.perf_counter()
-            engine = await asyncio.to_thread(AsyncEngine.from_config, self.config.engine,
+            engine = await in_own_thread(AsyncEngine.from_config, self.config.engine,
                                              speculator_for(self.config.speculative))
             log.info("engine ready in %.1fs: %s, max_model_len=%d, runner=%s (%s)",
                      time.perf_counter() - start, engine.info.model_id,
@@ -195,7 +195,7 @@ class GenServer:
                 # CUDA graphs capture in seconds, and a capture must not race the step
                 # loop's kernels on the device: before serving.
                 start = time.perf_counter()
-                await asyncio.to_thread(self.engine.compile)
+                await in_own_thread(self.engine.compile)
                 log.info("decode step captured in %.1fs", time.perf_counter() - start)
                 compile_now = False
             self.engine.start()
@@ -262,7 +262,7 @@ class GenServer:
         assert self.engine is not None
         info = self.engine.info
         # Compile workers spawn once SERVING: their imports would slow the start-up.
-        self.servicer.structured = await asyncio.to_thread(
+        self.servicer.structured = await in_own_thread(
             StructuredOutputs, self.engine.tokenizer, info.vocab_size, info.eos_token_ids,
             replace(self.config.structured, prestart_workers=False))
         self._owns_structured = True

@@ -268,3 +268,58 @@ def test_a_stream_consumer_behind_the_engine_gets_merged_outputs_with_every_toke
 
     for index in (0, 1):
         assert joined(slow, index) == joined(fast, index)
+
+
+def _os_threads() -> int:
+    import os
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="Linux /proc")
+def test_torch_work_in_own_thread_leaves_no_openmp_team_behind():
+    """A thread that ran a parallel torch op keeps its OpenMP workers while it lives (and
+    more OpenMP threads than cores make libgomp stop spin-waiting, slowing the engine
+    thread); ``in_own_thread`` ends its thread, so the workers go with it, where
+    ``asyncio.to_thread``'s executor thread keeps them."""
+    import time
+
+    import torch
+
+    from engine.async_engine import in_own_thread
+
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        def parallel_op() -> float:
+            return float(torch.ones(1 << 22).mul_(2).sum())  # far above ATen's grain size
+
+        def settled(target: int) -> int:
+            for _ in range(100):  # workers leave at their thread's exit, asynchronously
+                if _os_threads() <= target:
+                    break
+                time.sleep(0.02)
+            return _os_threads()
+
+        async def main() -> tuple[int, int, int]:
+            base = _os_threads()
+            assert await in_own_thread(parallel_op) == 2.0 * (1 << 22)
+            after_own = settled(base + 1)  # asyncio's executor thread (idle) may remain
+            await asyncio.to_thread(parallel_op)
+            after_executor = _os_threads()
+            return base, after_own, after_executor
+
+        base, after_own, after_executor = asyncio.run(main())
+        assert after_own <= base + 1
+        assert after_executor > after_own  # the control: an executor thread keeps a team
+    finally:
+        torch.set_num_threads(before_threads)
+
+
+def test_in_own_thread_raises_the_functions_error():
+    from engine.async_engine import in_own_thread
+
+    def boom() -> None:
+        raise ValueError("bad model path")
+
+    with pytest.raises(ValueError, match="bad model path"):
+        asyncio.run(in_own_thread(boom))
