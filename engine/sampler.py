@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import chain
 
+import numpy as np
 import torch
 
 from engine.sampling_params import SamplingParams
@@ -113,6 +114,29 @@ class SamplerOutput:
     logprobs: torch.Tensor | None  # [B] float32, CPU: chosen token under the raw logits
     top_token_ids: torch.Tensor | None  # [B, max_top_logprobs] int64, CPU (raw distribution)
     top_logprobs: torch.Tensor | None  # [B, max_top_logprobs] float32, CPU
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` (first maximum; NaN wins, as in torch). On the CPU through numpy:
+    torch's CPU argmax measured 13x slower here (1.3 ms for 32 rows of a 49k vocabulary,
+    1% of a llama.cpp decode step of 32 sequences)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2:
+        return torch.from_numpy(np.argmax(x.detach().numpy(), axis=-1))
+    return x.argmax(-1)
+
+
+def greedy_with_bans(logits: torch.Tensor, banned: list[list[int]]) -> torch.Tensor:
+    """The argmax of each row over its non-banned ids, without copying the logits: a row
+    whose overall argmax is not banned has the same first maximum either way, and the rows
+    whose argmax is banned (rare: EOS before min_new_tokens) are redone on a masked copy."""
+    tokens = row_argmax(logits)
+    picked = tokens.tolist()
+    for i, ids in enumerate(banned):
+        if ids and picked[i] in ids:
+            row = logits[i].clone()
+            row[ids] = _NEG_INF
+            tokens[i] = row_argmax(row[None])[0]
+    return tokens
 
 
 # ---------------------------------------------------------------------------- penalties
@@ -255,7 +279,7 @@ def sample_from_probs(probs: torch.Tensor,
         if g is not None:
             q[i] = torch.empty(probs.shape[1], device=g.device).exponential_(generator=g)
     # Exp(1) can round to 0; 0/0 would be NaN, which argmax would pick.
-    return (probs / q.clamp_min_(torch.finfo(q.dtype).tiny)).argmax(-1)
+    return row_argmax(probs / q.clamp_min_(torch.finfo(q.dtype).tiny))
 
 
 def compute_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -263,7 +287,7 @@ def compute_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     one-hot at their argmax). Exposed because speculative decoding's rejection sampler
     needs p(x) for each row."""
     logits = apply_penalties(logits.float(), meta)
-    greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[1]).to(logits.dtype)
+    greedy = torch.nn.functional.one_hot(row_argmax(logits), logits.shape[1]).to(logits.dtype)
     if meta.all_greedy:
         return greedy
     probs = _warp(logits, meta).softmax(-1)
@@ -277,16 +301,21 @@ class Sampler:
                  logprobs: bool = True) -> SamplerOutput:
         """``logprobs=False``: tokens only (the engine reports logprobs itself)."""
         raw = logits.float()  # a copy unless already float32; never modified in place
-        processed = apply_penalties(raw, meta)
         rows = meta.sampled_rows
+        if not rows and meta.no_penalties:
+            tokens = greedy_with_bans(raw, meta.banned_token_ids)
+            if not logprobs:
+                return SamplerOutput(tokens.cpu(), None, None, None)
+            return self._output(raw, tokens, meta)
+        processed = apply_penalties(raw, meta)
         if not rows:
-            tokens = processed.argmax(-1)
+            tokens = row_argmax(processed)
         elif len(rows) == len(raw):
             tokens = self._sample(processed, meta, rows, None)
         else:
             index = torch.tensor(rows).to(raw.device, non_blocking=True)
             sampled = self._sample(processed, meta, rows, index)
-            tokens = processed.argmax(-1).index_copy(0, index, sampled)
+            tokens = row_argmax(processed).index_copy(0, index, sampled)
         if not logprobs:
             return SamplerOutput(tokens.cpu(), None, None, None)
         return self._output(raw, tokens, meta)

@@ -17,7 +17,9 @@ def sampling_rows(rows: list[int], views: list[RowView], logits: torch.Tensor,
     """Sampling metadata of ``rows`` (each over its own prefix) and their logits.
     ``generators``: attach each row's sequence generator (plain sampling; the speculator's
     verifier takes the sequences' generators itself)."""
-    sub = logits[torch.tensor(rows, device=logits.device)]
+    # Every row in order (a step of plain decodes): the logits as they are, no gathered copy.
+    sub = (logits if rows == list(range(len(logits)))
+           else logits[torch.tensor(rows, device=logits.device)])
     vs = [views[r] for r in rows]
     meta = SamplingMetadata.build(
         [v.seq.request.params for v in vs], [v.prompt_token_ids for v in vs],

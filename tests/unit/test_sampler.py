@@ -229,6 +229,42 @@ def test_banned_ids_are_never_sampled():
         assert not torch.isin(tokens, torch.tensor([3, 5])).any()
 
 
+def test_all_greedy_rows_with_bans_pick_the_best_allowed_id_without_copying_the_logits(
+        monkeypatch):
+    """Greedy + bans only (min_new_tokens): the argmax over the allowed ids, ties to the
+    first id as torch's argmax, and the caller's logits untouched."""
+    def boom(*args, **kwargs):
+        raise AssertionError("greedy rows with bans only need no penalty pass")
+
+    monkeypatch.setattr(sampler_mod, "apply_penalties", boom)
+    logits = rand_logits(5, seed=3)
+    logits[0, 7] = logits[0, 9] = 50.0  # tie: the first id wins
+    logits[1, 2] = 60.0  # banned winner: the best allowed id instead
+    logits[1, 4] = logits[1, 6] = 40.0  # ... which ties: the first of them
+    logits[3, 11] = 70.0  # another row's banned id is allowed here
+    before = logits.clone()
+    banned = [[], [2], [0, 1], [], [11]]
+    out = Sampler()(logits, meta_for([SamplingParams()] * 5, banned=banned))
+    masked = logits.clone()
+    for i, ids in enumerate(banned):
+        masked[i, ids] = float("-inf")
+    assert out.token_ids.tolist() == masked.argmax(-1).tolist()
+    assert out.token_ids.tolist()[:2] == [7, 4] and out.token_ids[3] == 11
+    assert torch.equal(logits, before)
+
+
+def test_row_argmax_is_torchs_argmax_including_ties_and_nan():
+    from engine.sampler import row_argmax
+
+    x = rand_logits(8, vocab=1000, seed=5)
+    x[1, 10] = x[1, 20] = 99.0
+    x[2, 30] = float("nan")
+    x[3] = float("-inf")
+    assert row_argmax(x).tolist() == x.argmax(-1).tolist()
+    assert row_argmax(x[:, ::2]).tolist() == x[:, ::2].argmax(-1).tolist()  # strided view
+    assert row_argmax(x.double()).tolist() == x.argmax(-1).tolist()
+
+
 # ------------------------------------------------------------------------------ warpers
 
 WARPED = [
