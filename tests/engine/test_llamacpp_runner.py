@@ -160,6 +160,21 @@ def test_ngram_speculation_keeps_greedy_output(engine, scorer):
     assert spec.scheduler.allocator.num_used == 0
 
 
+def test_draft_model_speculation_keeps_greedy_output(engine):
+    """A separate draft model (torch, here the same GGUF dequantised) proposes for the
+    llama.cpp target: greedy output unchanged, and most proposals accepted since the draft
+    is the target's own weights in fp32."""
+    prompt = engine.tokenizer(COPY_PROMPT)["input_ids"]
+    plain = run_to_completion(engine, {0: [("p", prompt, greedy(24))]})
+    spec = LLMEngine(config(), speculator=speculator_for(
+        SpeculativeConfig(method="draft", draft_model="default", num_spec_tokens=3)))
+    res = run_to_completion(spec, {0: [("s", prompt, greedy(24))]})
+    assert tokens(res, "s") == tokens(plain, "p")
+    stats = spec.stats().spec
+    assert stats.accepted > stats.proposed // 2
+    assert spec.scheduler.allocator.num_used == 0
+
+
 def test_self_draft_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match="self-draft"):
         LLMEngine(config(), speculator=speculator_for(
