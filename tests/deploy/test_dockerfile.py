@@ -121,6 +121,21 @@ def test_default_model_and_pins_match_the_project(parsed):
         top = package.split(".")[0]
         assert package_dir.get(top, top).split("/")[0] in copied, package
 
+def test_the_image_builds_the_llamacpp_runner_as_make_setup_does(parsed, final):
+    """The default model runs on llama.cpp (``--runner auto``): the image builds the
+    ``llamacpp`` extra with the Makefile's trimmed CMake flags (no CPU-specific ones), and
+    the final stage has the OpenMP runtime it links."""
+    build_runs = " ".join(a for ins, a in stages(parsed)[0] if ins == "RUN")
+    makefile = (REPO / "Makefile").read_text()
+    flags = re.search(r"^LLAMA_CMAKE_ARGS\s*:=\s*((?:.*\\\n)*.*)$", makefile, re.M).group(1)
+    for flag in flags.replace("\\", " ").split():
+        assert flag in build_runs, flag
+    assert '".[llamacpp]"' in build_runs and "build-essential" in build_runs
+    assert "-DGGML_NATIVE=OFF" in DOCKERFILE.read_text()  # runs on other CPUs than the builder's
+    final_runs = " ".join(a for ins, a in final if ins == "RUN")
+    assert "libgomp1" in final_runs
+
+
 def test_dockerignore_keeps_what_the_build_copies(parsed):
     ignored = {line.strip().rstrip("/") for line in (REPO / ".dockerignore").read_text()
                .splitlines() if line.strip() and not line.startswith("#")}
