@@ -401,10 +401,13 @@ class LlamaCppRunner:
         a.logits[:n] = 0
         wanted = np.asarray(rows, dtype=np.int64)
         a.logits[wanted] = 1
-        out = torch.empty(len(rows), self.vocab_size)
         # Outputs come back in batch order; ``order`` puts them in the contract's order.
         in_batch_order = np.flatnonzero(a.logits[:n])
-        out_np = out.numpy()
+        # One llama_decode (n <= n_batch): the step's tensor is llama.cpp's own logits
+        # buffer, no copy (6 MB for 32 decodes). It stays valid until this context's next
+        # llama_decode: the rest of this engine step, which consumes the logits before it.
+        single = n <= self.n_batch
+        out = torch.empty(0 if single else len(rows), self.vocab_size)
         done = 0
         for start in range(0, n, self.n_batch):
             size = min(self.n_batch, n - start)
@@ -413,8 +416,12 @@ class LlamaCppRunner:
                 raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {size} tokens")
             k = int(a.logits[start:start + size].sum())
             if k:
-                ptr = self.llama_cpp.llama_get_logits(self.ctx)
-                out_np[done:done + k] = np.ctypeslib.as_array(ptr, shape=(k, self.vocab_size))
+                got = np.ctypeslib.as_array(self.llama_cpp.llama_get_logits(self.ctx),
+                                            shape=(k, self.vocab_size))
+                if single:
+                    out = torch.from_numpy(got)
+                else:
+                    out.numpy()[done:done + k] = got
                 done += k
         self._note_cached(slots, positions)
         if len(rows) > 1 and not np.array_equal(in_batch_order, wanted):
