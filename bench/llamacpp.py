@@ -161,7 +161,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             "llama": lambda: llama_generate(llm, ids1, new),
             "grpc": lambda: grpc_clients(address, 1, n_seq, new),
             "hf": hf})
-        b32 = interleaved(1 if quick else 2, {
+        b32 = interleaved(1 if quick else 3, {
             "llama": lambda: batched.run(ids32, new),
             "grpc": lambda: grpc_clients(address, 32, 1, new)})
     finally:

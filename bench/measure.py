@@ -38,13 +38,15 @@ class Row:
 
 
 def interleaved(rounds: int, measures: dict[str, Callable[[], Row]]) -> dict[str, Row]:
-    """Each measure run ``rounds`` times in turn (A B C A B C ...), the run of median speed
-    kept: this CPU's speed drifts over minutes, so rows compared as a ratio are taken side
-    by side rather than minutes apart."""
+    """Each measure run ``rounds`` times in turn, the order reversed every other round
+    (A B C C B A A B C ...), the run of median speed kept: this CPU's speed drifts over
+    minutes, so rows compared as a ratio are taken side by side rather than minutes apart,
+    and none always runs right after the same other one (a fixed order read 0.91x where
+    alternating read 0.99x for the same engines in bench.spec)."""
     runs: dict[str, list[Row]] = {name: [] for name in measures}
-    for _ in range(rounds):
-        for name, measure in measures.items():
-            runs[name].append(measure())
+    for r in range(rounds):
+        for name in (list(measures) if r % 2 == 0 else list(reversed(measures))):
+            runs[name].append(measures[name]())
     return {name: sorted(rs, key=lambda r: r.tok_s)[len(rs) // 2] for name, rs in runs.items()}
 
 
