@@ -301,24 +301,23 @@ class Sampler:
                  logprobs: bool = True) -> SamplerOutput:
         """``logprobs=False``: tokens only (the engine reports logprobs itself)."""
         raw = logits.float()  # a copy unless already float32; never modified in place
-        rows = meta.sampled_rows
-        if not rows and meta.no_penalties:
-            tokens = greedy_with_bans(raw, meta.banned_token_ids)
-            if not logprobs:
-                return SamplerOutput(tokens.cpu(), None, None, None)
-            return self._output(raw, tokens, meta)
-        processed = apply_penalties(raw, meta)
-        if not rows:
-            tokens = row_argmax(processed)
-        elif len(rows) == len(raw):
-            tokens = self._sample(processed, meta, rows, None)
-        else:
-            index = torch.tensor(rows).to(raw.device, non_blocking=True)
-            sampled = self._sample(processed, meta, rows, index)
-            tokens = row_argmax(processed).index_copy(0, index, sampled)
+        tokens = self._tokens(raw, meta)
         if not logprobs:
             return SamplerOutput(tokens.cpu(), None, None, None)
         return self._output(raw, tokens, meta)
+
+    def _tokens(self, raw: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        rows = meta.sampled_rows
+        if not rows and meta.no_penalties:  # greedy, min-new-tokens bans at most
+            return greedy_with_bans(raw, meta.banned_token_ids)
+        processed = apply_penalties(raw, meta)
+        if not rows:
+            return row_argmax(processed)
+        if len(rows) == len(raw):
+            return self._sample(processed, meta, rows, None)
+        index = torch.tensor(rows).to(raw.device, non_blocking=True)
+        sampled = self._sample(processed, meta, rows, index)
+        return row_argmax(processed).index_copy(0, index, sampled)
 
     @staticmethod
     def _sample(processed: torch.Tensor, meta: SamplingMetadata, rows: list[int],
