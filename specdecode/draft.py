@@ -27,7 +27,7 @@ import torch
 from engine.config import EngineConfig
 from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
 from engine.runner import Runner
-from engine.sampler import SamplingMetadata, compute_probs, sample_from_probs
+from engine.sampler import SamplingMetadata, compute_probs, row_argmax, sample_from_probs
 from engine.sequence import Sequence
 from specdecode.config import SpeculativeConfig
 
@@ -169,7 +169,7 @@ class DraftProposer:
         treatment (penalties over the prefix so far); greedy rows take the argmax."""
         seqs = [seq for _, seq, _ in rows]
         if q is None:
-            return logits.argmax(-1).tolist()
+            return row_argmax(logits).tolist()
         meta = SamplingMetadata.build(
             [s.request.params for s in seqs], [s.prompt_token_ids for s in seqs],
             [s.output_token_ids + out[i] for i, s, _ in rows],

@@ -29,7 +29,7 @@ import torch
 from engine.model_runner import DecodeRow, PrefillWork
 from engine.outputs import SpecStats
 from engine.runner import Runner
-from engine.sampler import SamplingMetadata, apply_penalties, compute_probs
+from engine.sampler import SamplingMetadata, apply_penalties, compute_probs, row_argmax
 from engine.sequence import Sequence
 from engine.speculation import SpeculatorFactory
 from specdecode.batch_expansion import contract, expand, multi_token
@@ -172,7 +172,7 @@ class SpecWorker:
         draft = torch.tensor([p + [0] * (k - len(p)) for p in proposals])
         lens = torch.tensor(lengths)
         if meta.all_greedy:
-            target = apply_penalties(logits.float(), meta).argmax(-1)
+            target = row_argmax(apply_penalties(logits.float(), meta))
             verified = verify_greedy(contract(target, lengths).cpu(), draft, lens)
         else:
             probs = contract(compute_probs(logits, meta), lengths)
