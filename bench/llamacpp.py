@@ -1,12 +1,14 @@
 """The llama.cpp runner against llama.cpp itself and HF ``generate``, in one run.
 
-Same GGUF, same threads. Rows compared as a ratio are measured interleaved (A B C A B C,
-median run kept), as in ``bench/run.py``, so the shared machine's drift hits both sides:
+Same GGUF, same threads. Rows compared as a ratio are measured interleaved (A B C C B A),
+each ratio the median over rounds of the two runs of one round (``paired_ratio``), so the
+shared machine's drift hits both sides:
 
 - batch 1: one gRPC client of ``genserve serve --runner llamacpp``, one request at a time,
   vs ``llama_cpp.Llama.generate`` (greedy) and HF ``generate`` fp32 on the same prompts;
-- 32 concurrent: 32 gRPC clients vs llama.cpp's own batched decode of 32 sequences (one
-  ``llama_decode`` per step over every sequence, greedy, as ``llama-server -np 32`` runs);
+- 32 concurrent: 32 gRPC clients, streaming (a message per token) and unary (the whole
+  output in one message), vs llama.cpp's own batched decode of 32 sequences (one
+  ``llama_decode`` per step over every sequence, greedy, in the same unified KV cache);
 - n-gram speculation on copy-heavy prompts vs plain decoding, both on this runner.
 
 ``python -m bench.llamacpp [--quick]``; ``make bench`` runs it too when llama-cpp-python
@@ -24,9 +26,9 @@ import time
 
 import numpy as np
 
-from bench.measure import Row, hf_sequential, interleaved, prompts
+from bench.measure import Row, hf_sequential, interleaved_runs, median_run, paired_ratio, prompts
 from bench.run import RESULTS, print_table
-from bench.server import free_port, grpc_clients, start_server_process
+from bench.server import free_port, grpc_clients, grpc_unary_clients, start_server_process
 from bench.spec import COPY_HEAVY, METHODS, _Tally
 from bench.structured import chat_ids
 from engine.config import EngineConfig
@@ -157,13 +159,14 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
                 return hf_sequential(torch_engine, n_seq, new)
 
-        b1 = interleaved(2 if quick else 3, {
+        runs1 = interleaved_runs(2 if quick else 3, {
             "llama": lambda: llama_generate(llm, ids1, new),
             "grpc": lambda: grpc_clients(address, 1, n_seq, new),
             "hf": hf})
-        b32 = interleaved(1 if quick else 3, {
+        runs32 = interleaved_runs(1 if quick else 5, {
             "llama": lambda: batched.run(ids32, new),
-            "grpc": lambda: grpc_clients(address, 32, 1, new)})
+            "grpc": lambda: grpc_clients(address, 32, 1, new),
+            "unary": lambda: grpc_unary_clients(address, 32, new)})
     finally:
         server.proc.send_signal(signal.SIGTERM)
         try:
@@ -172,11 +175,16 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             server.proc.kill()
         llm.close()
         batched.close()
-    b1["grpc"].name = "genserve gRPC --runner llamacpp, batch 1 sequential"
-    b32["grpc"].name = "genserve gRPC --runner llamacpp, 32 concurrent clients"
-    b1["grpc"].ratios = {"llama.cpp batch 1": b1["grpc"].tok_s / b1["llama"].tok_s,
-                         "HF batch 1": b1["grpc"].tok_s / b1["hf"].tok_s}
-    b32["grpc"].ratios = {"llama.cpp batched 32": b32["grpc"].tok_s / b32["llama"].tok_s}
+    b1 = {name: median_run(rs) for name, rs in runs1.items()}
+    b32 = {name: median_run(rs) for name, rs in runs32.items()}
+    b1["grpc"].name = "gRPC llamacpp runner, batch 1 sequential"
+    b32["grpc"].name = "gRPC llamacpp runner, 32 streaming clients"
+    b32["unary"].name = "gRPC llamacpp runner, 32 unary clients"
+    b1["grpc"].ratios = {"llama.cpp batch 1": paired_ratio(runs1["grpc"], runs1["llama"]),
+                         "HF batch 1": paired_ratio(runs1["grpc"], runs1["hf"])}
+    for name in ("grpc", "unary"):
+        b32[name].ratios = {"llama.cpp batched 32": paired_ratio(runs32[name],
+                                                                 runs32["llama"])}
     spec = ngram_vs_plain(model, threads, 96, 1 if quick else 2)
     return {"threads": threads, "new_tokens": new,
             "rows": {"batch1": {k: r.__dict__ for k, r in b1.items()},
@@ -196,15 +204,16 @@ def report(res: dict) -> None:
 
 def targets(res: dict) -> dict[str, bool]:
     b1, b32 = res["rows"]["batch1"], res["rows"]["batch32"]
-    vs_llama = b1["grpc"]["tok_s"] / b1["llama"]["tok_s"]
-    vs_hf = b1["grpc"]["tok_s"] / b1["hf"]["tok_s"]
-    vs_batched = b32["grpc"]["tok_s"] / b32["llama"]["tok_s"]
+    vs_llama = b1["grpc"]["ratios"]["llama.cpp batch 1"]
+    vs_hf = b1["grpc"]["ratios"]["HF batch 1"]
+    vs_batched = b32["grpc"]["ratios"]["llama.cpp batched 32"]
     speedup = res["ngram_copy_heavy"]["ngram k=8"]["speedup"]
     return {
         f"llamacpp gRPC batch 1 >= 0.9x llama.cpp Llama.generate ({vs_llama:.2f}x)":
             vs_llama >= 0.9,
         f"llamacpp gRPC batch 1 >= 4x HF generate fp32 ({vs_hf:.2f}x)": vs_hf >= 4.0,
-        f"llamacpp 32 gRPC clients >= 1.0x llama.cpp batched 32 ({vs_batched:.2f}x)":
+        f"llamacpp 32 streaming gRPC clients >= 1.0x llama.cpp batched 32 "
+        f"({vs_batched:.2f}x)":
             vs_batched >= 1.0,
         f"llamacpp n-gram >= 1.5x plain on copy-heavy ({speedup:.2f}x)": speedup >= 1.5,
     }

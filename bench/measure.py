@@ -37,17 +37,34 @@ class Row:
     ratios: dict[str, float] = field(default_factory=dict)
 
 
-def interleaved(rounds: int, measures: dict[str, Callable[[], Row]]) -> dict[str, Row]:
+def interleaved_runs(rounds: int, measures: dict[str, Callable[[], Row]]
+                     ) -> dict[str, list[Row]]:
     """Each measure run ``rounds`` times in turn, the order reversed every other round
-    (A B C C B A A B C ...), the run of median speed kept: this CPU's speed drifts over
-    minutes, so rows compared as a ratio are taken side by side rather than minutes apart,
-    and none always runs right after the same other one (a fixed order read 0.91x where
-    alternating read 0.99x for the same engines in bench.spec)."""
+    (A B C C B A A B C ...): this CPU's speed drifts over minutes, so rows compared as a
+    ratio are taken side by side rather than minutes apart, and none always runs right
+    after the same other one (a fixed order read 0.91x where alternating read 0.99x for
+    the same engines in bench.spec). Returns every run, in round order."""
     runs: dict[str, list[Row]] = {name: [] for name in measures}
     for r in range(rounds):
         for name in (list(measures) if r % 2 == 0 else list(reversed(measures))):
             runs[name].append(measures[name]())
-    return {name: sorted(rs, key=lambda r: r.tok_s)[len(rs) // 2] for name, rs in runs.items()}
+    return runs
+
+
+def median_run(rows: list[Row]) -> Row:
+    return sorted(rows, key=lambda r: r.tok_s)[len(rows) // 2]
+
+
+def interleaved(rounds: int, measures: dict[str, Callable[[], Row]]) -> dict[str, Row]:
+    """``interleaved_runs``, keeping the run of median speed of each measure."""
+    return {name: median_run(rs) for name, rs in interleaved_runs(rounds, measures).items()}
+
+
+def paired_ratio(runs: list[Row], baseline: list[Row]) -> float:
+    """Median over rounds of ``run / baseline`` taken in the same round: drift within a
+    bench (here up to 15% between rounds a minute apart) cancels round by round, where a
+    ratio of two medians can pair a fast round's run with a slow round's baseline."""
+    return statistics.median(a.tok_s / b.tok_s for a, b in zip(runs, baseline, strict=True))
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -11,7 +12,7 @@ from grpc_health.v1 import health_pb2
 
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
-from service.cli import main, parse_bytes
+from service.cli import LLAMACPP_GOMP_SPINCOUNT, main, openmp_settings, parse_bytes
 from tests.service.serve_process import health, serve, wait_serving
 
 
@@ -46,6 +47,7 @@ def _served_config(monkeypatch, argv: list[str]):
         seen.append(config)
 
     monkeypatch.setattr(service.server, "serve", fake_serve)
+    monkeypatch.setattr(os, "environ", os.environ.copy())  # serve adds OpenMP settings
     assert main(["serve", *argv]) == 0
     return seen[0]
 
@@ -69,6 +71,28 @@ def test_runner_and_threads_flags_reach_the_engine_config(monkeypatch):
     assert config.engine.runner == "torch" and config.engine.threads == 3
     monkeypatch.setenv("GENSERVE_RUNNER", "llamacpp")
     assert _served_config(monkeypatch, []).engine.runner == "llamacpp"
+
+
+def test_serve_shortens_openmp_spin_for_the_llama_cpp_runner(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    _served_config(monkeypatch, ["--runner", "llamacpp"])
+    assert os.environ["GOMP_SPINCOUNT"] == LLAMACPP_GOMP_SPINCOUNT
+
+
+def test_openmp_spin_is_shortened_only_where_llama_cpp_may_run(monkeypatch):
+    short = {"GOMP_SPINCOUNT": LLAMACPP_GOMP_SPINCOUNT}
+    assert openmp_settings("llamacpp", "m.gguf", "cpu", {}) == short
+    assert openmp_settings("torch", "default", "auto", {}) == {}
+    assert openmp_settings("auto", "/models/hf-dir", "auto", {}) == {}
+    assert openmp_settings("auto", "default", "cuda", {}) == {}
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())
+    assert openmp_settings("auto", "default", "auto", {}) == short
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # no llama-cpp-python
+    assert openmp_settings("auto", "default", "auto", {}) == {}
+    # the user's own OpenMP settings are kept
+    assert openmp_settings("llamacpp", "m.gguf", "cpu", {"GOMP_SPINCOUNT": "0"}) == {}
+    assert openmp_settings("llamacpp", "m.gguf", "cpu", {"OMP_WAIT_POLICY": "active"}) == {}
 
 
 @pytest.mark.parametrize("argv", [["serve", "--runner", "onnx"], ["serve", "--threads", "0"]])
