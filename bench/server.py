@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import statistics
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,74 +22,82 @@ from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 
 
-def grpc_clients(address: str, clients: int, per_client: int, new: int) -> Row:
-    """``clients`` threads, each on its own channel, streaming ``per_client`` requests one
-    after another. Channels connect before the clock starts and every client starts at
-    once, as a load generator does (ghz, wrk): the row times serving, not 32 TCP and HTTP/2
-    handshakes made in the timed window (on 2 cores those ran beside the first prefill)."""
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    lock = threading.Lock()
+def _timed_clients(address: str, clients: int,
+                   call: Callable[[pb_grpc.GenerationServiceStub, int], None]) -> float:
+    """Seconds for ``clients`` threads, each on its own channel, to run ``call(stub, c)``.
+    Channels connect before the clock starts and every client starts at once, as a load
+    generator does (ghz, wrk): the row times serving, not 32 TCP and HTTP/2 handshakes made
+    in the timed window (on 2 cores those ran beside the first prefill). A client's error
+    is raised here."""
     start = threading.Barrier(clients + 1)
+    errors: list[BaseException] = []
 
     def client(c: int) -> None:
-        with grpc.insecure_channel(address) as ch:
-            grpc.channel_ready_future(ch).result(timeout=60)
-            stub = pb_grpc.GenerationServiceStub(ch)
-            start.wait()
-            for k in range(per_client):
-                req = pb.GenerateRequest(
-                    prompt=prompts(clients * per_client)[c * per_client + k],
-                    stopping=pb.StoppingCriteria(max_new_tokens=new, min_new_tokens=new))
-                t0 = time.perf_counter()
-                first = None
-                for msg in stub.GenerateStream(pb.GenerateStreamRequest(request=req),
-                                               timeout=600):
-                    if first is None and msg.token_ids:
-                        first = time.perf_counter()
-                end = time.perf_counter()
-                assert first is not None, "the stream produced no tokens"
-                with lock:
-                    ttfts.append(first - t0)
-                    tpots.append((end - first) / (new - 1))
+        try:
+            with grpc.insecure_channel(address) as ch:
+                grpc.channel_ready_future(ch).result(timeout=60)
+                stub = pb_grpc.GenerationServiceStub(ch)
+                start.wait()
+                call(stub, c)
+        except BaseException as e:  # handed to the caller below
+            errors.append(e)
+            start.abort()
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
-    start.wait(timeout=120)
+    with contextlib.suppress(threading.BrokenBarrierError):  # a client failed: raised below
+        start.wait(timeout=120)
     t0 = time.perf_counter()
     for t in threads:
         t.join()
-    dt = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - t0
+
+
+def grpc_clients(address: str, clients: int, per_client: int, new: int) -> Row:
+    """``clients`` concurrent clients (``_timed_clients``), each streaming ``per_client``
+    requests one after another."""
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    lock = threading.Lock()
+
+    def stream(stub: pb_grpc.GenerationServiceStub, c: int) -> None:
+        for k in range(per_client):
+            req = pb.GenerateRequest(
+                prompt=prompts(clients * per_client)[c * per_client + k],
+                stopping=pb.StoppingCriteria(max_new_tokens=new, min_new_tokens=new))
+            t0 = time.perf_counter()
+            first = None
+            for msg in stub.GenerateStream(pb.GenerateStreamRequest(request=req),
+                                           timeout=600):
+                if first is None and msg.token_ids:
+                    first = time.perf_counter()
+            end = time.perf_counter()
+            assert first is not None, "the stream produced no tokens"
+            with lock:
+                ttfts.append(first - t0)
+                tpots.append((end - first) / (new - 1))
+
+    dt = _timed_clients(address, clients, stream)
     return Row(f"genserve gRPC, {clients} concurrent clients", clients * per_client * new / dt,
                statistics.median(ttfts), pct(ttfts, 0.99), statistics.median(tpots))
 
 
 def grpc_unary_clients(address: str, clients: int, new: int) -> Row:
-    """``clients`` threads, each on its own connected channel, one unary ``Generate`` each,
-    all started at once: the whole output comes back in one message, as batch jobs call."""
-    start = threading.Barrier(clients + 1)
+    """``clients`` concurrent clients (``_timed_clients``), one unary ``Generate`` each: the
+    whole output comes back in one message, as batch jobs call."""
 
-    def client(c: int) -> None:
-        with grpc.insecure_channel(address) as ch:
-            grpc.channel_ready_future(ch).result(timeout=60)
-            stub = pb_grpc.GenerationServiceStub(ch)
-            start.wait()
-            out = stub.Generate(pb.GenerateRequest(
-                prompt=prompts(clients)[c],
-                stopping=pb.StoppingCriteria(max_new_tokens=new, min_new_tokens=new)),
-                timeout=600)
-            assert out.usage.completion_tokens == new, out.usage
+    def generate(stub: pb_grpc.GenerationServiceStub, c: int) -> None:
+        out = stub.Generate(pb.GenerateRequest(
+            prompt=prompts(clients)[c],
+            stopping=pb.StoppingCriteria(max_new_tokens=new, min_new_tokens=new)),
+            timeout=600)
+        assert out.usage.completion_tokens == new, out.usage
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    start.wait(timeout=120)
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return Row(f"genserve gRPC, {clients} concurrent unary Generate",
-               clients * new / (time.perf_counter() - t0))
+    dt = _timed_clients(address, clients, generate)
+    return Row(f"genserve gRPC, {clients} concurrent unary Generate", clients * new / dt)
 
 
 @dataclass
