@@ -177,8 +177,8 @@ def _serve_parser(sub) -> None:
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
-    from service.validation import ServiceLimits
-    from structured.manager import StructuredConfig
+    from service.limits import ServiceLimits
+    from structured.config import StructuredConfig
 
     e, limits = EngineConfig(), ServiceLimits()
     p.add_argument("--config", default=None, metavar="FILE",

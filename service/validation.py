@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from engine.config import ModelInfo
 from engine.sampling_params import ParamError, SamplingParams
 from genserve.v1 import generation_pb2 as pb
+from service.limits import ServiceLimits
 from structured.spec import (
     AUTO,
     COMPACT,
@@ -72,25 +73,6 @@ def json_depth(text: str) -> int:
 def check_json_depth(text: str, field: str) -> None:
     if json_depth(text) > MAX_JSON_DEPTH:
         raise InvalidArgument(f"{field} is nested deeper than {MAX_JSON_DEPTH} levels")
-
-
-@dataclass
-class ServiceLimits:
-    default_max_new_tokens: int = 256
-    max_new_tokens: int = 1024  # the cap a request may ask for (--max-new-tokens)
-    prompt_logprobs: bool = True  # False: --disable-prompt-logprobs
-    max_batch_size: int = 256
-    max_n: int = 16
-    max_top_logprobs: int = 20
-    max_stop_sequences: int = 16
-    # characters of a prompt (text or chat contents) or a Tokenize text: refused before
-    # tokenising, so one huge request cannot hold the tokenizer for seconds
-    max_input_chars: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.default_max_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"the default max new tokens ({self.default_max_new_tokens}) must "
-                             f"be in [1, the cap --max-new-tokens ({self.max_new_tokens})]")
 
 
 @dataclass

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from structured.compile_worker import CompileAborted, CompileWorkers, WorkerSetup
+from structured.config import StructuredConfig
 from structured.grammar import CompiledGrammar, StructuredBackend
 from structured.llguidance_backend import LLGuidanceBackend, UnsupportedSpec
 from structured.lmfe_backend import LMFEBackend
@@ -38,7 +39,6 @@ from structured.output_check import schema_checker
 from structured.processor import GrammarFactory
 from structured.spec import (
     AUTO,
-    DEFAULT_WHITESPACE,
     LLGUIDANCE,
     LM_FORMAT_ENFORCER,
     WHITESPACE_MODES,
@@ -48,21 +48,6 @@ from structured.spec import (
 from structured.xgrammar_backend import XGrammarBackend
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StructuredConfig:
-    max_spec_bytes: int = 512 * 1024  # real Kubernetes schemas are 100-250 KB
-    compile_timeout_s: float = 10.0
-    compile_max_rss_mb: int = 6144  # a compile worker past this is killed
-    cache_size: int = 256
-    max_consecutive_whitespace: int = 12
-    compile_threads: int = 4  # threads that build llguidance grammars or wait on workers
-    compile_workers: int = 1  # processes for xgrammar / lm-format-enforcer compiles
-    accelerate_after: int = 2  # AUTO: requests of one spec before xgrammar builds it; 0 = off
-    accelerate_timeout_s: float = 120.0
-    default_whitespace: str = DEFAULT_WHITESPACE  # for requests that do not choose
-    prestart_workers: bool = True  # False: spawn compile workers on first use (or prestart())
 
 
 class CompileObserver(Protocol):

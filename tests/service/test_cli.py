@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -78,6 +81,22 @@ def test_serve_shortens_openmp_spin_for_the_llama_cpp_runner(monkeypatch):
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     _served_config(monkeypatch, ["--runner", "llamacpp"])
     assert os.environ["GOMP_SPINCOUNT"] == LLAMACPP_GOMP_SPINCOUNT
+
+
+def test_serve_decides_openmp_settings_before_torch_loads_libgomp():
+    """libgomp reads its environment once, when torch's import loads it: ``serve`` builds
+    its flags without importing torch, else the setting would come too late."""
+    code = ("import sys\n"
+            "import service.cli as cli\n"
+            "def spy(*args):\n"
+            "    print('torch loaded:', 'torch' in sys.modules)\n"
+            "    raise SystemExit(0)\n"
+            "cli.openmp_settings = spy\n"
+            "cli.main(['serve', '--runner', 'llamacpp'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "torch loaded: False"
 
 
 def test_openmp_spin_is_shortened_only_where_llama_cpp_may_run(monkeypatch):
