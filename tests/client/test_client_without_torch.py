@@ -1,5 +1,6 @@
-"""``genserve generate``, ``genserve --help`` (``serve --help`` too) and genserve.client where torch,
-and the grammar backends cannot be imported: what a client-only install gives them."""
+"""``genserve generate``, ``genserve --help``, ``genserve serve --help`` and genserve.client
+where torch, transformers and the grammar backends cannot be imported: what a client-only
+install gives them."""
 
 from __future__ import annotations
 
