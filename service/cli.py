@@ -356,10 +356,10 @@ def openmp_settings(runner: str, model: str, device: str,
 
 def _run_serve(args) -> int:
     os.environ.update(openmp_settings(args.runner, args.model, args.device, os.environ))
+    from service.limits import ServiceLimits
     from service.server import ServerConfig, exit_status, serve
     from service.tgis_params import TgisOptions
-    from service.validation import ServiceLimits
-    from structured.manager import StructuredConfig
+    from structured.config import StructuredConfig
 
     engine = EngineConfig(model=args.model, **_flag_values(args, _ENGINE_FLAGS))
     limit_values = _flag_values(args, _LIMIT_FLAGS)
