@@ -25,7 +25,7 @@ setup: $(PY)
 	$(MAKE) protos
 	# convert the default GGUF into the weights cache now, so the first `make serve` starts
 	# in seconds; optional: without it the first start converts (and logs it)
-	$(PY) -m engine.model_loader --warm default || \
+	$(PY) -m engine.loading.model_loader --warm default || \
 		echo "warning: could not pre-convert the default model (the first start will do it)" >&2
 
 $(PY):

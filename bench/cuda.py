@@ -5,7 +5,7 @@ Made for a lent GPU machine, which has no copy of the default model: ``--random-
 builds a model with the architecture in ``DIR/config.json`` (e.g. the default model's
 weights-cache entry) and random weights, with ``DIR``'s tokenizer. Speed does not depend on
 the weights' values; every run is forced to its full length (``min_new_tokens``), so EOS
-cannot end one early (greedy parity is proved by tests/engine/test_cuda_graphs.py, not
+cannot end one early (greedy parity is proved by tests/engine/runners/test_cuda_graphs.py, not
 here). The gRPC rows run a real ``genserve serve`` process on the same GPU (structured
 output off: the GPU machine has no grammar packages). Prints a table, writes JSON.
 """
@@ -33,8 +33,8 @@ from bench.measure import (
 from bench.server import free_port, grpc_clients, start_server_process
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.packed_linear import stock_transformers
-from engine.runner import torch_runner
+from engine.runners.torch import stock_transformers
+from engine.runners.select import torch_runner
 
 
 def random_model(shape_dir: Path, out: Path) -> Path:

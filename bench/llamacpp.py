@@ -26,16 +26,24 @@ import time
 
 import numpy as np
 
-from bench.measure import Row, hf_sequential, interleaved_runs, median_run, paired_ratio, prompts
-from bench.run import RESULTS, print_table
+from bench.measure import (
+    RESULTS,
+    Row,
+    hf_sequential,
+    interleaved_runs,
+    median_run,
+    paired_ratio,
+    print_table,
+    prompts,
+)
 from bench.server import free_port, grpc_clients, grpc_unary_clients, start_server_process
 from bench.spec import COPY_HEAVY, METHODS, _Tally
 from bench.structured import chat_ids
 from engine.config import EngineConfig
-from engine.llamacpp_runner import _BatchArrays, _llama, default_threads
+from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
 from engine.llm_engine import LLMEngine
-from engine.model_loader import resolve_model
-from engine.packed_linear import stock_transformers
+from engine.loading.model_loader import resolve_model
+from engine.runners.torch import stock_transformers
 from engine.sampling_params import SamplingParams
 from specdecode.worker import speculator_for
 
@@ -62,7 +70,7 @@ class BatchedLlama:
     ``llama_decode``, then one ``llama_decode`` per step over all sequences."""
 
     def __init__(self, path: str, threads: int, n_seqs: int, n_ctx: int) -> None:
-        self.lib = lib = _llama()
+        self.lib = lib = llama_lib()
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = 0
         self.model = lib.llama_model_load_from_file(path.encode(), mp)
@@ -72,7 +80,7 @@ class BatchedLlama:
         cp.n_threads = cp.n_threads_batch = threads
         self.ctx = lib.llama_init_from_model(self.model, cp)
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
-        self.arrays = _BatchArrays.allocate(2048)
+        self.arrays = BatchArrays.allocate(2048)
 
     def _decode(self, tokens: list[int], pos: list[int], seqs: list[int],
                 out: list[int]) -> np.ndarray:

@@ -8,12 +8,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from engine.llm_engine import LLMEngine
-from engine.runner import torch_runner
+from engine.runners.select import torch_runner
 from engine.sampling_params import SamplingParams
+
+RESULTS = Path(__file__).parent / "results"
 
 PROMPTS = [
     "The history of the Roman Empire is",
@@ -35,6 +38,20 @@ class Row:
     ttft_p99: float | None = None
     tpot_p50: float | None = None
     ratios: dict[str, float] = field(default_factory=dict)
+
+
+# ---- report --------------------------------------------------------------------------
+
+def fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"\n{'run':48} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9}  ratios")
+    for r in rows:
+        ratios = ", ".join(f"{v:.2f}x {k}" for k, v in r.ratios.items())
+        print(f"{r.name:48} {r.tok_s:8.1f} {fmt(r.ttft_p50):>9} {fmt(r.ttft_p99):>9} "
+              f"{fmt(r.tpot_p50):>9}  {ratios}")
 
 
 def interleaved_runs(rounds: int, measures: dict[str, Callable[[], Row]]
@@ -79,7 +96,7 @@ def prompts(n: int) -> list[str]:
 # ---- HF baselines (stock transformers: the caller wraps them in stock_transformers) ----
 
 def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
-    model, tok = torch_runner(engine.runner).model, engine.tokenizer
+    model, tok = torch_runner(engine.runners.select).model, engine.tokenizer
     total, ttfts = 0.0, []
     with torch.inference_mode():
         for p in prompts(n_req):
@@ -96,7 +113,7 @@ def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
 
 
 def hf_static(engine: LLMEngine, batch: int, new: int) -> Row:
-    model, tok = torch_runner(engine.runner).model, engine.tokenizer
+    model, tok = torch_runner(engine.runners.select).model, engine.tokenizer
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

@@ -24,34 +24,21 @@ import torch
 
 from bench import compiled, processors, spec, structured, structured_coverage
 from bench.measure import (
+    RESULTS,
     Row,
     engine_offline,
     engine_sequential,
     hf_sequential,
     hf_static,
     interleaved,
+    print_table,
     prompts,
 )
 from bench.server import cli_generate_seconds, free_port, grpc_clients, start_server_process
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.packed_linear import stock_transformers
-from engine.runner import llama_cpp_available, torch_runner
-
-RESULTS = Path(__file__).parent / "results"
-# ---- report --------------------------------------------------------------------------
-
-def fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
-    return "-" if x is None else f"{x * scale:.{digits}f}"
-
-
-def print_table(rows: list[Row]) -> None:
-    print(f"\n{'run':48} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9}  ratios")
-    for r in rows:
-        ratios = ", ".join(f"{v:.2f}x {k}" for k, v in r.ratios.items())
-        print(f"{r.name:48} {r.tok_s:8.1f} {fmt(r.ttft_p50):>9} {fmt(r.ttft_p99):>9} "
-              f"{fmt(r.tpot_p50):>9}  {ratios}")
-
+from engine.runners.torch import stock_transformers
+from engine.runners.select import llama_cpp_available, torch_runner
 
 def plot(rows: list[Row], path: Path) -> None:
     try:
@@ -83,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # The torch runner: these rows measure it against HF (bench/llamacpp.py: llama.cpp's).
     engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=64, runner="torch"))
-    runner = torch_runner(engine.runner)
+    runner = torch_runner(engine.runners.select)
 
     def hf(fn: Callable[[LLMEngine, int, int], Row], n: int) -> Callable[[], Row]:
         def run() -> Row:
@@ -134,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                                         str(RESULTS / "structured_coverage_quick.json")])
     llamacpp_res = None
     if llama_cpp_available() and not args.skip_llamacpp:
-        from bench import llamacpp  # imports this module: not at the top
+        from bench import llamacpp
 
         del engine, runner
         gc.collect()

@@ -288,7 +288,7 @@ def tokenizer_info(model: str):
     loading the weights: what ``LLMEngine`` hands ``StructuredOutputs``."""
     from transformers import AutoConfig
 
-    from engine.model_loader import hf_source, load_tokenizer, resolve_model
+    from engine.loading.model_loader import hf_source, load_tokenizer, resolve_model
 
     source = resolve_model(model)
     tok = load_tokenizer(source)

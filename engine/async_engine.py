@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from engine.compiled_step import WarmupReport
+from engine.runners.base import WarmupReport
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.llm_engine import LLMEngine
 from engine.output_collector import OutputCollector

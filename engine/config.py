@@ -10,7 +10,7 @@ class EngineConfig:
     """Knobs of the engine; the CLI flags of ``genserve serve`` map onto these 1:1."""
 
     model: str = "default"  # HF directory, .gguf file, or "default" (embedded SmolLM2)
-    # Which model runner (engine/runner.py): auto = llama.cpp for a .gguf on CPU when the
+    # Which model runner (engine/runners/select.py): auto = llama.cpp for a .gguf on CPU when the
     # llama_cpp package is importable, torch otherwise.
     runner: str = "auto"  # auto | torch | llamacpp
     threads: int | None = None  # llama.cpp runner's threads; None = the cores we may use
@@ -26,11 +26,11 @@ class EngineConfig:
     # only when the forward leaves a CPU core free (CUDA, or more cores than torch uses);
     # on a CPU whose cores the forward saturates, overlapping measured slower (make bench).
     overlap_prepare: bool | None = None
-    # CPU fp32: linear weights reordered once for oneDNN at load (engine/packed_linear.py);
+    # CPU fp32: linear weights reordered once for oneDNN at load (engine/runners/torch/packed_linear.py);
     # faster than the compiled step there, and it needs no start-up compile, so a packed
     # model is not compiled. False: plain F.linear (and the compiled step, unless eager).
     pack_weights: bool = True
-    # Compiled decode step (engine/compiled_step.py, built by ModelRunner.warmup()). CUDA:
+    # Compiled decode step (engine/runners/torch/compiled_step.py, built by ModelRunner.warmup()). CUDA:
     # a CUDA graph per bucket, rows padded up to it. CPU: torch.compile covers 1..largest
     # bucket rows (two graphs, no padding). Mixed and larger steps run eagerly.
     enforce_eager: bool = False  # True: never compile or capture anything

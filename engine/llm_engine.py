@@ -23,7 +23,8 @@ from engine.logits_process import bind
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
 from engine.processors import ProcessorRunner, overlap_pays
 from engine.request_limits import check_request, past_time_limit
-from engine.runner import Runner, create_runner
+from engine.runners.base import Runner
+from engine.runners.select import create_runner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sampling_rows import sampling_rows

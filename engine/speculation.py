@@ -15,9 +15,8 @@ from typing import Protocol
 
 import torch
 
-from engine.model_runner import DecodeRow, PrefillWork
+from engine.runners.base import DecodeRow, PrefillWork, Runner
 from engine.outputs import SpecStats
-from engine.runner import Runner
 from engine.sampler import SamplingMetadata
 from engine.sequence import Sequence
 

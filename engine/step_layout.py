@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.model_runner import DecodeRow, PrefillWork
+from engine.runners.base import DecodeRow, PrefillWork
 from engine.outputs import TokenLogprob
 from engine.sampler import LogprobTable, token_logprobs
 from engine.scheduler import ScheduledSeq

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.model_runner import DecodeRow, PrefillWork
+from engine.runners.base import DecodeRow, PrefillWork
 from engine.sequence import Sequence
 
 

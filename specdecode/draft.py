@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
-from engine.runner import Runner
+from engine.runners.base import DecodeRow, PrefillWork, Runner
+from engine.runners.torch import ModelRunner
 from engine.sampler import SamplingMetadata, compute_probs, row_argmax, sample_from_probs
 from engine.sequence import Sequence
 from specdecode.config import SpeculativeConfig

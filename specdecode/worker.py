@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model_runner import DecodeRow, PrefillWork
+from engine.runners.base import DecodeRow, PrefillWork, Runner
 from engine.outputs import SpecStats
-from engine.runner import Runner
 from engine.sampler import SamplingMetadata, apply_penalties, compute_probs, row_argmax
 from engine.sequence import Sequence
 from engine.speculation import SpeculatorFactory

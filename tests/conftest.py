@@ -21,7 +21,7 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     """The default model's tokenizer, converted from GGUF once per session.
     ``GENSERVE_TEST_TOKENIZER_DIR``: a saved copy instead, for machines without the default
     model package (a lent GPU machine)."""
-    from engine.model_loader import load_tokenizer, resolve_model
+    from engine.loading.model_loader import load_tokenizer, resolve_model
 
     if os.environ.get("GENSERVE_TEST_TOKENIZER_DIR"):
         return Path(os.environ["GENSERVE_TEST_TOKENIZER_DIR"])

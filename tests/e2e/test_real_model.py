@@ -8,7 +8,7 @@ import torch
 
 from engine.async_engine import AsyncEngine
 from engine.llm_engine import LLMEngine
-from engine.packed_linear import stock_transformers
+from engine.runners.torch.packed_linear import stock_transformers
 from engine.sampling_params import SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
@@ -43,7 +43,7 @@ def hf_reference(engine, prompt_ids):
     """HF's own generate on the same weights with its stock SDPA attention and linears."""
     eos = engine.info.eos_token_ids
     refs = []
-    with stock_transformers(engine.runner.model) as model, torch.inference_mode():
+    with stock_transformers(engine.runners.select.model) as model, torch.inference_mode():
         for ids in prompt_ids:
             out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW,
                                  do_sample=False)[0, len(ids):].tolist()
@@ -111,7 +111,7 @@ def test_grpc_generate_batch_and_stream_match_hf(real_server, engine, hf_referen
 
 
 def test_default_model_is_found_inside_its_package():
-    from engine.model_loader import default_model_path, resolve_model
+    from engine.loading.model_loader import default_model_path, resolve_model
 
     path = default_model_path()
     assert path.endswith(".gguf")

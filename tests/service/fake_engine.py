@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.compiled_step import WarmupReport
+from engine.runners.base import WarmupReport
 from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError, RequestError
 from engine.logits_process import is_factory
 from engine.output_collector import OutputCollector, collect

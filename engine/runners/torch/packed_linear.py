@@ -25,7 +25,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from engine.attention import ATTN_NAME
+from engine.runners.torch.attention import ATTN_NAME
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
-# Packed layers by key. The compiled decode step (engine/compiled_step.py) cannot trace an
+# Packed layers by key. The compiled decode step (engine/runners/torch/compiled_step.py) cannot trace an
 # opaque oneDNN tensor, so under torch.compile a layer calls the custom op below with its
 # key: one black-box call per layer in the graph, the compiled code around it.
 _LAYERS: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}

@@ -14,26 +14,14 @@ from typing import Protocol
 
 import torch
 
-from engine.attention import AttentionMetadata
-from engine.kv_cache import KVCache
+from engine.runners.torch.attention import AttentionMetadata
+from engine.runners.torch.kv_tensors import KVCache
 
 
 class DecodeRowLike(Protocol):
     token_id: int
     position: int
     block_table: list[int]
-
-
-@dataclass
-class DecodeGroups:
-    """Consecutive rows over the same block table (a sequence's 1 + k batch-expansion
-    rows) attend as one ``R``-query group, so the group's context is gathered once
-    instead of once per row (on a CPU that gather grew ~4x from 1 to 9 rows)."""
-
-    tables: torch.Tensor  # [G, W] long: one table per group
-    rows: torch.Tensor  # [G, R] long: each group's rows (padded with its first row)
-    mask: torch.Tensor  # [G, 1, R, W * block_size] bool
-    row_slot: torch.Tensor  # [rows] long: where each row's output is in [G * R]
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Find and load the model and tokenizer: an HF directory, a .gguf file, or the default.
 
-A .gguf is loaded through its converted copy in the weights cache (engine.weights_cache),
-made on first use: ``python -m engine.model_loader --warm default`` makes it ahead of time.
+A .gguf is loaded through its converted copy in the weights cache (engine.loading.weights_cache),
+made on first use: ``python -m engine.loading.model_loader --warm default`` makes it ahead of time.
 """
 
 from __future__ import annotations
@@ -137,9 +137,9 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m engine.model_loader --warm MODEL``: convert a .gguf into the weights
+    """``python -m engine.loading.model_loader --warm MODEL``: convert a .gguf into the weights
     cache now (``make setup`` does it for the default model), so the first start is fast."""
-    parser = argparse.ArgumentParser(prog="python -m engine.model_loader")
+    parser = argparse.ArgumentParser(prog="python -m engine.loading.model_loader")
     parser.add_argument("--warm", metavar="MODEL", required=True,
                         help="a .gguf file or 'default'; an HF directory needs no warming")
     args = parser.parse_args(argv)

@@ -7,47 +7,22 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import ATTN_NAME, AttentionMetadata, PrefillChunk
-from engine.compiled_step import DecodeGraphs, WarmupReport, cap_buckets
+from engine.runners.torch.attention import ATTN_NAME, AttentionMetadata, PrefillChunk
+from engine.runners.base import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork, WarmupReport
+from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.config import EngineConfig
-from engine.decode_inputs import build_decode_inputs
-from engine.kv_cache import KVCache, KVCacheSpec
-from engine.model_loader import (
+from engine.runners.torch.decode_inputs import build_decode_inputs
+from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
+from engine.loading.model_loader import (
     load_model,
     load_tokenizer,
     resolve_device,
     resolve_dtype,
     resolve_model,
 )
-from engine.packed_linear import can_pack, pack_linears
+from engine.runners.torch.packed_linear import can_pack, pack_linears
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_MODEL_LEN = 4096
-
-
-@dataclass
-class DecodeRow:
-    """One query token at ``position`` attending to the first ``position + 1`` cache slots."""
-
-    token_id: int
-    position: int
-    block_table: list[int]
-    seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
-
-
-@dataclass
-class PrefillWork:
-    token_ids: list[int]
-    start_pos: int  # tokens of the sequence already cached
-    block_table: list[int]
-    sample: bool  # does the last token's logits row get sampled?
-    num_logits: int = 1  # with ``sample``: logits rows of the last tokens returned
-    # Tokens of the chunk (0-based) whose logits rows are also returned, after every other
-    # row of the step: prompt logprobs, asked for by a request
-    prompt_rows: range = range(0)
-    seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
-
 
 class ModelRunner:
     name = "torch"

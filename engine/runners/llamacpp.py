@@ -34,10 +34,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.compiled_step import WarmupReport
 from engine.config import EngineConfig
-from engine.model_loader import ModelSource, hf_source, load_tokenizer, resolve_model
-from engine.model_runner import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork
+from engine.loading.model_loader import ModelSource, hf_source, load_tokenizer, resolve_model
+from engine.runners.base import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork, WarmupReport
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
-def _llama():
+def llama_lib():
     """The ``llama_cpp`` module, its backend initialised once and its logging quietened to
     errors (llama.cpp prints every load step otherwise)."""
     global _backend_ready
@@ -81,7 +80,7 @@ def _llama():
 
 
 @dataclass
-class _BatchArrays:
+class BatchArrays:
     """A ``llama_batch``'s arrays owned by numpy, so a step fills them with slice writes
     instead of per-token ctypes stores (``llama_batch_init`` mallocs one seq-id array per
     token, which only per-token stores can fill). Each token belongs to one sequence."""
@@ -94,7 +93,7 @@ class _BatchArrays:
     logits: np.ndarray
 
     @classmethod
-    def allocate(cls, capacity: int) -> _BatchArrays:
+    def allocate(cls, capacity: int) -> BatchArrays:
         seq_id = np.zeros(capacity, dtype=np.int32)
         base = seq_id.ctypes.data
         return cls(np.zeros(capacity, dtype=np.int32), np.zeros(capacity, dtype=np.int32),
@@ -125,7 +124,7 @@ class LlamaCppRunner:
     name = "llamacpp"
 
     def __init__(self, config: EngineConfig) -> None:
-        llama_cpp = _llama()
+        llama_cpp = llama_lib()
         self.llama_cpp = llama_cpp
         self.config = config
         source = resolve_model(config.model)
@@ -197,7 +196,7 @@ class LlamaCppRunner:
                              f"({cparams.n_ctx} cells, {config.max_num_seqs} sequences)")
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        self.arrays = _BatchArrays.allocate(self.n_batch)
+        self.arrays = BatchArrays.allocate(self.n_batch)
         self._slot_of: dict[int, int] = {}  # engine seq id -> llama.cpp seq id
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
@@ -252,7 +251,7 @@ class LlamaCppRunner:
         if not ctx:
             return 0.0
         memory = lc.llama_get_memory(ctx)
-        arrays = _BatchArrays.allocate(64)
+        arrays = BatchArrays.allocate(64)
 
         def decode(start: int, n: int) -> float:
             arrays.token[:n] = np.arange(100 + start, 100 + start + n)
@@ -394,7 +393,7 @@ class LlamaCppRunner:
         n = len(tokens)
         a = self.arrays
         if n > a.capacity:
-            self.arrays = a = _BatchArrays.allocate(n)
+            self.arrays = a = BatchArrays.allocate(n)
         a.token[:n] = tokens
         a.pos[:n] = positions
         a.seq_id[:n] = slots

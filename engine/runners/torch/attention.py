@@ -8,7 +8,7 @@ and the k+1 queries of speculative batch expansion alike), then *prefill chunks*
 Every layer writes the step's keys/values into the paged cache first, then attends, so a
 row sees every token written before it in the same step.
 
-Compiled decode steps (engine/compiled_step.py) pass one of two markers instead of an
+Compiled decode steps (engine/runners/torch/compiled_step.py) pass one of two markers instead of an
 ``AttentionMetadata``:
 
 - ``OpaqueDecode``: attention runs as the custom op ``genserve::decode_attention``, which
@@ -27,16 +27,13 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from engine.kv_cache import KVCache
-
-if TYPE_CHECKING:  # decode_inputs imports this module
-    from engine.decode_inputs import DecodeGroups
+from engine.runners.torch.kv_tensors import KVCache
 
 ATTN_NAME = "genserve_paged"
 
@@ -48,6 +45,18 @@ class PrefillChunk:
     ctx_len: int  # tokens of this sequence already in the cache before the chunk
     block_ids: torch.Tensor  # blocks covering ctx_len + length tokens
     mask: torch.Tensor | None  # [length, ctx_len + length] bool, None when ctx_len == 0
+
+
+@dataclass
+class DecodeGroups:
+    """Consecutive rows over the same block table (a sequence's 1 + k batch-expansion
+    rows) attend as one ``R``-query group, so the group's context is gathered once
+    instead of once per row (on a CPU that gather grew ~4x from 1 to 9 rows)."""
+
+    tables: torch.Tensor  # [G, W] long: one table per group
+    rows: torch.Tensor  # [G, R] long: each group's rows (padded with its first row)
+    mask: torch.Tensor  # [G, 1, R, W * block_size] bool
+    row_slot: torch.Tensor  # [rows] long: where each row's output is in [G * R]
 
 
 @dataclass

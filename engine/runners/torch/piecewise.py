@@ -20,7 +20,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.node import map_arg
 from torch.fx.passes.split_module import split_module
 
-import engine.attention  # registers the op split on
+import engine.runners.torch.attention  # registers the op split on
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ _INDUCTOR_PATCHES = {"cpp.threads": 1}
 
 SPLIT_OPS = (torch.ops.genserve.decode_attention.default,)
 DIRECT_IMPLS: dict[Any, Callable[..., Any]] = {
-    torch.ops.genserve.decode_attention.default: engine.attention.decode_attention_impl,
+    torch.ops.genserve.decode_attention.default: engine.runners.torch.attention.decode_attention_impl,
 }
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.packed_linear import (
+from engine.runners.torch.packed_linear import (
     can_pack,
     is_packed,
     pack_linears,
@@ -97,7 +97,7 @@ def test_stock_transformers_unpacks_inside_and_repacks_after(tiny_model_dir):
     from engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1 << 20))
-    model = engine.runner.model
+    model = engine.runners.select.model
     assert is_packed(model)  # the default on CPU in fp32
     with stock_transformers(model):
         assert not is_packed(model)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig
-from engine.decode_inputs import build_decode_inputs
-from engine.model_runner import DecodeRow, ModelRunner, PrefillWork
+from engine.runners.torch.decode_inputs import build_decode_inputs
+from engine.runners.base import DecodeRow, PrefillWork
+from engine.runners.torch.model_runner import ModelRunner
 
 
 def test_rows_sharing_a_table_are_grouped_and_score_like_single_rows(tiny_model_dir):

@@ -3,8 +3,8 @@
 A pure-decode step has one query token per row, so its shape is fixed by the row count.
 
 - CPU: ``torch.compile`` of the whole model with attention left out of the graph as the
-  opaque op ``genserve::decode_attention`` (engine/attention.py), split there and compiled
-  piece by piece (engine/piecewise.py: one layer compiled, shared by all). Two graphs:
+  opaque op ``genserve::decode_attention`` (engine/runners/torch/attention.py), split there and compiled
+  piece by piece (engine/runners/torch/piecewise.py: one layer compiled, shared by all). Two graphs:
   one for a single row (static shapes) and one for 2..``max_rows`` rows (the row count a
   dynamic dimension, so no padding and no graph per bucket). Attention runs eagerly
   between the pieces and gathers only as many KV blocks as the step's longest row needs.
@@ -15,7 +15,7 @@ A pure-decode step has one query token per row, so its shape is fixed by the row
   sequence length (no host values in the graph). Widths of 256, 1024 tokens and
   ``max_model_len``: a graph as wide as the context gathers 16x the KV a short sequence
   needs, which at 32 rows cost more than the rest of the step. Tested on a lent H100
-  (tests/engine/test_cuda_graphs.py).
+  (tests/engine/runners/test_cuda_graphs.py).
 
 Steps with prefills, and decode steps with more rows than the largest bucket, run
 eagerly. A compiled step that would recompile at run time (a guard failed) is dropped
@@ -35,9 +35,10 @@ from typing import Any
 
 import torch
 
-from engine.attention import OpaqueDecode, StaticDecode, forward_context
-from engine.decode_inputs import DecodeInputs, DecodeRowLike, build_decode_inputs, decode_width
-from engine.kv_cache import KVCache
+from engine.runners.torch.attention import OpaqueDecode, StaticDecode, forward_context
+from engine.runners.torch.decode_inputs import DecodeInputs, DecodeRowLike, build_decode_inputs, decode_width
+from engine.runners.base import BuildReport, WarmupReport
+from engine.runners.torch.kv_tensors import KVCache
 
 log = logging.getLogger(__name__)
 
@@ -76,27 +77,6 @@ def cap_buckets(buckets: Sequence[int], max_rows: int) -> list[int]:
     if above and (not kept or kept[-1] < max_rows):
         kept.append(above[0])
     return kept
-
-
-@dataclass
-class BuildReport:
-    rows: str  # "1", "2-64" (CPU graphs) or "8x1024" (a CUDA bucket: rows x context)
-    seconds: float
-    status: str  # "compiled", "captured", "skipped (budget)", "failed: ..."
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("compiled", "captured")
-
-
-@dataclass
-class WarmupReport:
-    graphs: list[BuildReport] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ready(self) -> list[str]:
-        return [g.rows for g in self.graphs if g.ok]
 
 
 StepFn = Callable[[DecodeInputs], torch.Tensor]
@@ -225,7 +205,7 @@ class DecodeGraphs:
 
     def _compiled_forward(self) -> Any:
         if self._compiled is None:
-            from engine.piecewise import piecewise_backend
+            from engine.runners.torch.piecewise import piecewise_backend
 
             use_inductor_cache_dir()
             self._compiled = torch.compile(partial(_plain_forward, self.model),

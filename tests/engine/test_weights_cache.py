@@ -1,4 +1,4 @@
-"""The converted-weights cache's bookkeeping (engine.weights_cache), on a stand-in converter.
+"""The converted-weights cache's bookkeeping (engine.loading.weights_cache), on a stand-in converter.
 
 A fake .gguf (any bytes) and a converter that writes a small but well-formed entry keep
 these tests at milliseconds; tests/e2e/test_weights_cache_real.py converts the real default
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine import weights_cache
-from engine.model_loader import ModelSource, _load_via_cache, hf_source, resolve_model
+from engine.loading.model_loader import ModelSource, _load_via_cache, hf_source, resolve_model
 
 
 class FakeConverter:
@@ -60,7 +60,7 @@ def test_second_load_uses_the_cache(cache_dir, gguf):
 
 
 def test_first_conversion_logs_progress(cache_dir, gguf, caplog):
-    with caplog.at_level(logging.INFO, logger="engine.weights_cache"):
+    with caplog.at_level(logging.INFO, logger="engine.loading.weights_cache"):
         weights_cache.cached_model_dir(gguf, FakeConverter())
     assert "converting tiny.Q4_1.gguf to the weights cache" in caplog.text
     assert "done in" in caplog.text
@@ -110,7 +110,7 @@ def test_a_corrupt_entry_is_rebuilt_not_fatal(cache_dir, gguf, damage, caplog):
     entry = weights_cache.cached_model_dir(gguf, convert)
     assert entry is not None
     damage(entry)
-    with caplog.at_level(logging.WARNING, logger="engine.weights_cache"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.weights_cache"):
         again = weights_cache.cached_model_dir(gguf, convert)
     assert again == entry and convert.calls == 2
     assert "unusable" in caplog.text and "rebuilding" in caplog.text
@@ -123,7 +123,7 @@ def test_a_crash_while_converting_leaves_no_entry(cache_dir, gguf, caplog):
         (out / "model.safetensors").write_bytes(b"half")
         raise RuntimeError("killed")
 
-    with caplog.at_level(logging.WARNING, logger="engine.weights_cache"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.weights_cache"):
         assert weights_cache.cached_model_dir(gguf, crash) is None  # load the .gguf instead
     assert "loading the .gguf directly" in caplog.text
     assert list(cache_dir.iterdir()) == []
@@ -136,7 +136,7 @@ def test_an_unwritable_cache_dir_falls_back_to_the_gguf(tmp_path, gguf, monkeypa
     blocker.write_text("")  # the cache dir would have to be under a file: mkdir fails
     monkeypatch.setenv(weights_cache.CACHE_DIR_ENV, str(blocker / "cache"))
     source = resolve_model(str(gguf))
-    with caplog.at_level(logging.WARNING, logger="engine.weights_cache"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.weights_cache"):
         assert hf_source(source) is source  # the .gguf itself, loaded as before
     assert "could not cache" in caplog.text
 
@@ -153,7 +153,7 @@ def test_an_entry_that_fails_to_load_is_rebuilt_once(cache_dir, gguf, monkeypatc
             raise OSError("config refers to a missing class")
         return s.directory
 
-    with caplog.at_level(logging.WARNING, logger="engine.model_loader"):
+    with caplog.at_level(logging.WARNING, logger="engine.loading.model_loader"):
         directory = _load_via_cache(source, load)
     assert convert.calls == 2 and len(seen) == 2 and "failed to load" in caplog.text
     assert seen[0].gguf_file is None and Path(directory).parent == cache_dir

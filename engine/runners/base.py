@@ -1,0 +1,95 @@
+"""The contract between the engine and a model runner: the rows and prefill work of a
+step, what a runner exposes (``Runner``), what its warm-up reports, and the defaults every
+runner shares. Runner-neutral on purpose: the step loop, the scheduler and speculation
+import this module, never a runner's own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class DecodeRow:
+    """One query token at ``position`` attending to the first ``position + 1`` cache slots."""
+
+    token_id: int
+    position: int
+    block_table: list[int]
+    seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
+
+
+@dataclass
+class PrefillWork:
+    token_ids: list[int]
+    start_pos: int  # tokens of the sequence already cached
+    block_table: list[int]
+    sample: bool  # does the last token's logits row get sampled?
+    num_logits: int = 1  # with ``sample``: logits rows of the last tokens returned
+    # Tokens of the chunk (0-based) whose logits rows are also returned, after every other
+    # row of the step: prompt logprobs, asked for by a request
+    prompt_rows: range = range(0)
+    seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
+
+
+@dataclass
+class BuildReport:
+    rows: str  # "1", "2-64" (CPU graphs) or "8x1024" (a CUDA bucket: rows x context)
+    seconds: float
+    status: str  # "compiled", "captured", "skipped (budget)", "failed: ..."
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("compiled", "captured")
+
+
+@dataclass
+class WarmupReport:
+    """What a runner built before serving (compiled or captured decode steps)."""
+
+    graphs: list[BuildReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ready(self) -> list[str]:
+        return [g.rows for g in self.graphs if g.ok]
+
+
+class Runner(Protocol):
+    """What the engine, the scheduler and the speculator use of a runner."""
+
+    name: str  # "torch" | "llamacpp"
+    quantization: str  # weights as they run: "float32", "Q4_1", ...
+    tokenizer: Any
+    model_id: str
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int  # KV capacity the scheduler hands out, in blocks of block_size tokens
+    max_rows_per_seq: int
+
+    @property
+    def row_cost(self) -> float:
+        """What one more query row of a sequence adds to a decode step, as a share of a
+        one-row step (speculation's verify rows); 0 = nearly free, nothing to weigh."""
+        ...
+
+    def eos_token_ids(self) -> list[int]: ...
+
+    def warmup(self, buckets: list[int] | None = None,
+               budget_s: float | None = None) -> WarmupReport: ...
+
+    def execute(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
+        """Logits ``[rows, vocab]``: one row per decode row, then ``num_logits`` per sampled
+        prefill, then each prefill's ``prompt_rows``."""
+        ...
+
+    def release(self, seq_id: int) -> None:
+        """The scheduler freed ``seq_id``'s blocks (finished, aborted or preempted)."""
+        ...

@@ -1,0 +1,69 @@
+"""Which model runner runs a config, and building it.
+
+Two runners: the torch runner (``engine.runners.torch``: HF directories and GGUF through
+transformers, CPU or CUDA) and the llama.cpp runner (``engine.runners.llamacpp``: a .gguf
+on CPU, quantised weights run by its SIMD kernels, several times faster there). ``auto``
+picks llama.cpp for a .gguf on CPU when the ``llama_cpp`` package is importable, torch
+otherwise. Each runner is imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from engine.config import EngineConfig
+from engine.loading.model_loader import resolve_device, resolve_model
+from engine.runners.base import Runner
+
+if TYPE_CHECKING:
+    from engine.runners.torch import ModelRunner
+
+RUNNERS = ("auto", "torch", "llamacpp")
+
+
+def llama_cpp_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def choose_runner(config: EngineConfig) -> str:
+    """"torch" or "llamacpp" for ``config``; ValueError when the choice cannot run."""
+    if config.runner not in RUNNERS:
+        raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {config.runner!r}")
+    if config.runner == "torch":
+        return "torch"
+    gguf = resolve_model(config.model).gguf_file is not None
+    cpu = resolve_device(config.device).type == "cpu"
+    if config.runner == "auto":
+        return "llamacpp" if gguf and cpu and llama_cpp_available() else "torch"
+    if not gguf:
+        raise ValueError(f"--runner llamacpp needs a .gguf model; {config.model!r} is not one")
+    if not cpu:
+        raise ValueError(f"--runner llamacpp runs on the CPU; --device {config.device} "
+                         f"needs --runner torch")
+    if not llama_cpp_available():
+        raise ValueError("--runner llamacpp needs the llama-cpp-python package "
+                         "(make setup installs it)")
+    return "llamacpp"
+
+
+def torch_runner(runner: Runner) -> ModelRunner:
+    """``runner`` as the torch runner, for callers that reach into its model (benches)."""
+    from engine.runners.torch import ModelRunner
+
+    if not isinstance(runner, ModelRunner):
+        raise TypeError(f"needs the torch runner; this engine runs {runner.name}")
+    return runner
+
+
+def create_runner(config: EngineConfig, share_weights: Runner | None = None) -> Runner:
+    """The runner for ``config``; ``share_weights`` (torch only) reuses a loaded model."""
+    if share_weights is None and choose_runner(config) == "llamacpp":
+        from engine.runners.llamacpp import LlamaCppRunner
+
+        return LlamaCppRunner(config)
+    from engine.runners.torch import ModelRunner
+
+    if share_weights is not None and not isinstance(share_weights, ModelRunner):
+        raise ValueError("sharing weights needs the torch runner")
+    return ModelRunner(config, share_weights)
