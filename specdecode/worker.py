@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.runners.base import DecodeRow, PrefillWork, Runner
 from engine.outputs import SpecStats
+from engine.runners.base import DecodeRow, PrefillWork, Runner
 from engine.sampler import SamplingMetadata, apply_penalties, compute_probs, row_argmax
 from engine.sequence import Sequence
 from engine.speculation import SpeculatorFactory
