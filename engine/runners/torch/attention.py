@@ -19,6 +19,13 @@ Compiled decode steps (engine/runners/torch/compiled_step.py) pass one of two ma
   row.
 - ``StaticDecode``: attention stays in the graph over a full-width block table, masked by
   sequence length; no host values, so it can be captured as a CUDA graph.
+
+Per-layer features transformers passes to the attention function are honoured on every
+path: ``sliding_window`` (a query sees only the last ``sliding_window`` positions, itself
+included: Mistral, Gemma 2/3's local layers, Qwen2 with ``use_sliding_window``) and
+``softcap`` (tanh soft-capping of the attention logits: Gemma 2). Any other feature
+kwarg with a value is refused (``UnsupportedModelFeature``): the runner probes the model at
+load, so a model needing one is refused at start instead of served wrong.
 """
 
 from __future__ import annotations
@@ -35,6 +42,28 @@ from transformers import AttentionInterface
 from engine.runners.torch.kv_tensors import KVCache
 
 ATTN_NAME = "genserve_paged"
+
+# Keyword arguments transformers passes to an attention function that change nothing here:
+# our metadata, positions (RoPE is applied before the call), and switches for training or
+# for other kernels. Any other keyword with a value is a feature this attention lacks.
+_INERT_KWARGS = frozenset({
+    "genserve_meta", "position_ids", "cache_position", "output_attentions", "use_cache",
+    "is_causal", "dropout", "logits_to_keep", "position_embeddings", "past_key_values",
+    "past_key_value", "layer_idx", "return_dict", "output_hidden_states",
+})
+
+
+class UnsupportedModelFeature(ValueError):
+    """The model asks the attention for something it cannot do (named in the message)."""
+
+
+def check_attention_kwargs(kwargs: dict) -> None:
+    unknown = sorted(k for k, v in kwargs.items()
+                     if k not in _INERT_KWARGS and v is not None and v is not False)
+    if unknown:
+        raise UnsupportedModelFeature(
+            f"the model's attention needs {', '.join(unknown)}, which genserve's paged "
+            f"attention does not implement")
 
 
 @dataclass
@@ -125,8 +154,52 @@ def _write_cache(kv_cache: KVCache, layer: int, slot_mapping: torch.Tensor,
     return k_cache, v_cache
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            scaling: float | None, softcap: float | None,
+            is_causal: bool = False) -> torch.Tensor:
+    """``[..., H, Lq, D]`` queries over ``[..., KVH, Lk, D]`` keys/values. SDPA has no
+    logit soft-capping, so a soft-capped layer (Gemma 2) runs the math explicitly, softmax
+    in float32 as transformers' eager attention does."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                              scale=scaling, enable_gqa=True)
+    if k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.tanh((q @ k.transpose(-1, -2)) * (scale / softcap)) * softcap
+    if is_causal:
+        mask = _band(q.shape[-2], k.shape[-2], k.shape[-2] - q.shape[-2], None, q.device)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def _band(n_q: int, n_k: int, q_start: int, window: int | None,
+          device: torch.device) -> torch.Tensor:
+    """``[n_q, n_k]`` bool: query ``i`` (at position ``q_start + i``) sees key ``j`` when
+    ``j <= q_start + i`` and, with a window, ``j > q_start + i - window``."""
+    q_pos = torch.arange(q_start, q_start + n_q, device=device)[:, None]
+    k_pos = torch.arange(n_k, device=device)[None, :]
+    band = k_pos <= q_pos
+    if window is not None:
+        band &= k_pos > q_pos - window
+    return band
+
+
+def _windowed(mask: torch.Tensor, window: int | None) -> torch.Tensor:
+    """A decode mask (each row sees a prefix of its gathered slots) cut to the last
+    ``window`` slots of that prefix."""
+    if window is None:
+        return mask
+    seen = mask.sum(-1, keepdim=True)
+    slots = torch.arange(mask.shape[-1], device=mask.device)
+    return mask & (slots >= seen - window)
+
+
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            tables: torch.Tensor, mask: torch.Tensor, scaling: float | None) -> torch.Tensor:
+            tables: torch.Tensor, mask: torch.Tensor, scaling: float | None,
+            window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q ``[nd, H, D]`` over each row's gathered blocks ``tables [nd, W]`` -> ``[nd, H, D]``."""
     nd = q.shape[0]
     n_kv, d = k_cache.shape[2], k_cache.shape[3]
@@ -134,13 +207,13 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     flat = tables.flatten()
     ks = k_cache.index_select(0, flat).view(nd, -1, n_kv, d).transpose(1, 2)
     vs = v_cache.index_select(0, flat).view(nd, -1, n_kv, d).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), ks, vs, attn_mask=mask, scale=scaling,
-                                       enable_gqa=True)
+    o = _attend(q.unsqueeze(2), ks, vs, _windowed(mask, window), scaling, softcap)
     return o.squeeze(2)
 
 
 def _grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    groups: DecodeGroups, scaling: float | None) -> torch.Tensor:
+                    groups: DecodeGroups, scaling: float | None, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Like ``_decode``, but each group of rows (a sequence's speculative rows) is one
     multi-query attention over its context, gathered once."""
     n_groups, size = groups.rows.shape
@@ -149,15 +222,15 @@ def _grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     ks = k_cache.index_select(0, flat).view(n_groups, -1, n_kv, d).transpose(1, 2)
     vs = v_cache.index_select(0, flat).view(n_groups, -1, n_kv, d).transpose(1, 2)
     qg = q.index_select(0, groups.rows.flatten()).view(n_groups, size, *q.shape[1:])
-    o = F.scaled_dot_product_attention(qg.transpose(1, 2), ks, vs, attn_mask=groups.mask,
-                                       scale=scaling, enable_gqa=True)  # [G, H, R, D]
+    o = _attend(qg.transpose(1, 2), ks, vs, _windowed(groups.mask, window), scaling,
+                softcap)  # [G, H, R, D]
     return o.transpose(1, 2).reshape(n_groups * size, *q.shape[1:]).index_select(
         0, groups.row_slot)
 
 
 def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
-                     key: torch.Tensor, value: torch.Tensor,
-                     scaling: float | None) -> torch.Tensor:
+                     key: torch.Tensor, value: torch.Tensor, scaling: float | None,
+                     window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """The eager step: ``[1, H, T, D]`` queries -> ``[1, T, H, D]``."""
     k_cache, v_cache = _write_cache(meta.kv_cache, layer, meta.slot_mapping, key, value)
     n_kv, d = key.shape[1], key.shape[3]
@@ -167,40 +240,47 @@ def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         q = query[0, :, :nd].transpose(0, 1)  # [nd, H, D]
         if meta.decode_groups is not None:
-            outs.append(_grouped_decode(q, k_cache, v_cache, meta.decode_groups, scaling))
+            outs.append(_grouped_decode(q, k_cache, v_cache, meta.decode_groups, scaling,
+                                        window, softcap))
         else:
             outs.append(_decode(q, k_cache, v_cache, meta.decode_block_tables,
-                                meta.decode_mask, scaling))
+                                meta.decode_mask, scaling, window, softcap))
     for chunk in meta.prefills:
         qc = query[:, :, chunk.start:chunk.start + chunk.length]
         if chunk.mask is None:
             kc = key[:, :, chunk.start:chunk.start + chunk.length]
             vc = value[:, :, chunk.start:chunk.start + chunk.length]
-            o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scaling,
-                                               enable_gqa=True)
+            mask = (None if window is None or window >= chunk.length
+                    else _band(chunk.length, chunk.length, 0, window, query.device))
+            o = _attend(qc, kc, vc, mask, scaling, softcap, is_causal=mask is None)
         else:
             total = chunk.ctx_len + chunk.length
             kc = k_cache.index_select(0, chunk.block_ids).view(-1, n_kv, d)[:total]
             vc = v_cache.index_select(0, chunk.block_ids).view(-1, n_kv, d)[:total]
             kc, vc = kc.transpose(0, 1)[None], vc.transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=chunk.mask,
-                                               scale=scaling, enable_gqa=True)
+            mask = chunk.mask
+            if window is not None and window < total:
+                mask = _band(chunk.length, total, chunk.ctx_len, window, query.device)
+            o = _attend(qc, kc, vc, mask, scaling, softcap)
         outs.append(o[0].transpose(0, 1))  # [length, H, D]
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
     return out.unsqueeze(0)
 
 
 def decode_attention_impl(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          scaling: float) -> torch.Tensor:
+                          scaling: float, window: int = 0, softcap: float = 0.0
+                          ) -> torch.Tensor:
     """Eager paged attention of the next layer inside a compiled step (metadata from
     ``forward_context``). The layer index is counted, not passed, so every layer's graph
     is the same and compiles once. Writes the cache as a side effect the compiler does
-    not see: declaring the cache as mutated would make the compiler copy it."""
+    not see: declaring the cache as mutated would make the compiler copy it. ``window``
+    and ``softcap`` 0 = none (custom-op arguments cannot be optional scalars here)."""
     ctx = _current.forward
     assert ctx is not None, "decode_attention outside forward_context"
     layer = ctx.next_layer
     ctx.next_layer += 1
-    return _paged_attention(ctx.meta, layer, query, key, value, scaling).contiguous()
+    return _paged_attention(ctx.meta, layer, query, key, value, scaling, window or None,
+                            softcap or None).contiguous()
 
 
 decode_attention = torch.library.custom_op("genserve::decode_attention", mutates_args=())(
@@ -209,31 +289,57 @@ decode_attention = torch.library.custom_op("genserve::decode_attention", mutates
 
 @decode_attention.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-      scaling: float) -> torch.Tensor:
+      scaling: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
 
 
 def _static_decode(meta: StaticDecode, layer: int, query: torch.Tensor, key: torch.Tensor,
-                   value: torch.Tensor, scaling: float | None) -> torch.Tensor:
+                   value: torch.Tensor, scaling: float | None, window: int | None = None,
+                   softcap: float | None = None) -> torch.Tensor:
     k_cache, v_cache = _write_cache(meta.kv_cache, layer, meta.slot_mapping, key, value)
     width = meta.block_tables.shape[1] * k_cache.shape[1]
     mask = torch.arange(width, device=query.device)[None, :] < meta.seq_lens[:, None]
     q = query[0].transpose(0, 1)
     return _decode(q, k_cache, v_cache, meta.block_tables, mask[:, None, None, :],
-                   scaling).unsqueeze(0)
+                   scaling, window, softcap).unsqueeze(0)
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                    **kwargs):
+                    sliding_window=None, softcap=None, **kwargs):
     """query ``[1, H, T, D]``, key/value ``[1, KVH, T, D]`` -> ``([1, T, H, D], None)``."""
     meta = kwargs["genserve_meta"]
+    if isinstance(meta, _Probe):
+        meta.record(module, kwargs)
     layer = module.layer_idx
+    window = int(sliding_window) if sliding_window else None
+    cap = float(softcap) if softcap else None
+    if isinstance(meta, _Probe):
+        meta = meta.meta
     if isinstance(meta, OpaqueDecode):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return decode_attention(query, key, value, float(scale)), None
+        return decode_attention(query, key, value, float(scale), window or 0,
+                                cap or 0.0), None
     if isinstance(meta, StaticDecode):
-        return _static_decode(meta, layer, query, key, value, scaling), None
-    return _paged_attention(meta, layer, query, key, value, scaling), None
+        return _static_decode(meta, layer, query, key, value, scaling, window, cap), None
+    return _paged_attention(meta, layer, query, key, value, scaling, window, cap), None
+
+
+@dataclass(eq=False)
+class _Probe:
+    """Wraps one step's metadata to record what each attention call is asked for."""
+
+    meta: AttentionMetadata
+    layers: list[int] = field(default_factory=list)
+
+    def record(self, module, kwargs: dict) -> None:
+        check_attention_kwargs(kwargs)
+        self.layers.append(getattr(module, "layer_idx", -1))
+
+
+def probe_step(meta: AttentionMetadata) -> _Probe:
+    """``meta`` for a forward that also checks each attention call's features and counts
+    the layers that called (``probe.layers``): the runner's load-time model check."""
+    return _Probe(meta)
 
 
 AttentionInterface.register(ATTN_NAME, paged_attention)

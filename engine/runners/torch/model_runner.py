@@ -15,10 +15,16 @@ from engine.loading.model_loader import (
     resolve_model,
 )
 from engine.runners.base import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork, WarmupReport
-from engine.runners.torch.attention import ATTN_NAME, AttentionMetadata, PrefillChunk
+from engine.runners.torch.attention import (
+    ATTN_NAME,
+    AttentionMetadata,
+    PrefillChunk,
+    probe_step,
+)
 from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
+from engine.runners.torch.model_check import check_config, check_probe
 from engine.runners.torch.packed_linear import can_pack, pack_linears
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,7 @@ class ModelRunner:
             self.dtype = resolve_dtype(config.dtype, self.device)
             self.tokenizer = load_tokenizer(source)
             self.model = load_model(source, self.dtype, self.device, ATTN_NAME)
+            check_config(self.model.config)
             self.model_id = source.model_id
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)
@@ -82,6 +89,27 @@ class ModelRunner:
         log.info("KV cache: %d blocks of %d tokens (%.0f MiB, %d tokens)", num_blocks,
                  config.block_size, num_blocks * spec.bytes_per_block / 2**20,
                  num_blocks * config.block_size)
+        if share_weights is None:
+            self._probe()
+
+    @torch.inference_mode()
+    def _probe(self) -> None:
+        """One forward of a few tokens into the scratch block through a recording
+        attention: refuses (``UnsupportedModelFeature``) a model whose layers ask the
+        attention for a feature it lacks or bypass it."""
+        n = min(4, self.block_size)
+        bs = self.block_size
+        meta = AttentionMetadata(
+            kv_cache=self.kv_cache,
+            slot_mapping=torch.arange(self.scratch_block * bs, self.scratch_block * bs + n,
+                                      device=self.device),
+            prefills=[PrefillChunk(0, n, 0, torch.tensor([self.scratch_block],
+                                                         device=self.device), None)])
+        probe = probe_step(meta)
+        self.model(input_ids=torch.zeros(1, n, dtype=torch.long, device=self.device),
+                   position_ids=torch.arange(n, device=self.device)[None], use_cache=False,
+                   logits_to_keep=1, genserve_meta=probe)
+        check_probe(self.model.config, probe.layers)
 
     def eos_token_ids(self) -> list[int]:
         ids: set[int] = set()
