@@ -33,8 +33,8 @@ from bench.measure import (
 from bench.server import free_port, grpc_clients, start_server_process
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.runners.torch import stock_transformers
 from engine.runners.select import torch_runner
+from engine.runners.torch import stock_transformers
 
 
 def random_model(shape_dir: Path, out: Path) -> Path:

@@ -40,9 +40,9 @@ from bench.server import free_port, grpc_clients, grpc_unary_clients, start_serv
 from bench.spec import COPY_HEAVY, METHODS, _Tally
 from bench.structured import chat_ids
 from engine.config import EngineConfig
-from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import resolve_model
+from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
 from engine.runners.torch import stock_transformers
 from engine.sampling_params import SamplingParams
 from specdecode.worker import speculator_for

@@ -24,11 +24,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from engine.runners.base import WarmupReport
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.llm_engine import LLMEngine
 from engine.output_collector import OutputCollector
 from engine.outputs import EngineStats, RequestOutput, Usage
+from engine.runners.base import WarmupReport
 from engine.sampling_params import SamplingParams
 from engine.speculation import SpeculatorFactory
 

@@ -26,13 +26,15 @@ class EngineConfig:
     # only when the forward leaves a CPU core free (CUDA, or more cores than torch uses);
     # on a CPU whose cores the forward saturates, overlapping measured slower (make bench).
     overlap_prepare: bool | None = None
-    # CPU fp32: linear weights reordered once for oneDNN at load (engine/runners/torch/packed_linear.py);
-    # faster than the compiled step there, and it needs no start-up compile, so a packed
-    # model is not compiled. False: plain F.linear (and the compiled step, unless eager).
+    # CPU fp32: linear weights reordered once for oneDNN at load
+    # (engine/runners/torch/packed_linear.py); faster than the compiled step there, and it
+    # needs no start-up compile, so a packed model is not compiled. False: plain F.linear
+    # (and the compiled step, unless eager).
     pack_weights: bool = True
-    # Compiled decode step (engine/runners/torch/compiled_step.py, built by ModelRunner.warmup()). CUDA:
-    # a CUDA graph per bucket, rows padded up to it. CPU: torch.compile covers 1..largest
-    # bucket rows (two graphs, no padding). Mixed and larger steps run eagerly.
+    # Compiled decode step (engine/runners/torch/compiled_step.py, built by
+    # ModelRunner.warmup()). CUDA: a CUDA graph per bucket, rows padded up to it. CPU:
+    # torch.compile covers 1..largest bucket rows (two graphs, no padding). Mixed and larger
+    # steps run eagerly.
     enforce_eager: bool = False  # True: never compile or capture anything
     decode_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     compile_budget_s: float = 300.0  # start-up time for building graphs; the rest stay eager

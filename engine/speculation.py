@@ -15,8 +15,8 @@ from typing import Protocol
 
 import torch
 
-from engine.runners.base import DecodeRow, PrefillWork, Runner
 from engine.outputs import SpecStats
+from engine.runners.base import DecodeRow, PrefillWork, Runner
 from engine.sampler import SamplingMetadata
 from engine.sequence import Sequence
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.runners.base import DecodeRow, PrefillWork
 from engine.outputs import TokenLogprob
+from engine.runners.base import DecodeRow, PrefillWork
 from engine.sampler import LogprobTable, token_logprobs
 from engine.scheduler import ScheduledSeq
 from engine.sequence import Request, Sequence

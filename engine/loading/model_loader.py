@@ -1,7 +1,8 @@
 """Find and load the model and tokenizer: an HF directory, a .gguf file, or the default.
 
 A .gguf is loaded through its converted copy in the weights cache (engine.loading.weights_cache),
-made on first use: ``python -m engine.loading.model_loader --warm default`` makes it ahead of time.
+made on first use: ``python -m engine.loading.model_loader --warm default`` makes it ahead
+of time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from engine import weights_cache
+from engine.loading import weights_cache
 
 log = logging.getLogger(__name__)
 

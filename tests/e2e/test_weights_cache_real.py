@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import weights_cache
-from engine.loading.model_loader import default_model_path, load_model, load_tokenizer, resolve_model
+from engine.loading import weights_cache
+from engine.loading.model_loader import (
+    default_model_path,
+    load_model,
+    load_tokenizer,
+    resolve_model,
+)
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def reverse(s):\n"]
 CHAT = [{"role": "user", "content": "Write a haiku about the sea."}]

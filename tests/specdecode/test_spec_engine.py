@@ -10,9 +10,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.outputs import FinishReason
 from engine.runners.base import DecodeRow, PrefillWork
 from engine.runners.torch.model_runner import ModelRunner
-from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from specdecode.batch_expansion import expand, multi_token
 from specdecode.config import SpeculativeConfig
@@ -296,13 +296,13 @@ def test_sampled_distributions_match_with_and_without_speculation(deep_model_dir
 def _record_forwards(engine) -> list[tuple[int, int]]:
     """(decode rows, prefill chunks) of every target forward from now on."""
     calls: list[tuple[int, int]] = []
-    execute = engine.runners.select.execute
+    execute = engine.runner.execute
 
     def recorded(decodes, prefills):
         calls.append((len(decodes), len(prefills)))
         return execute(decodes, prefills)
 
-    engine.runners.select.execute = recorded
+    engine.runner.execute = recorded
     return calls
 
 

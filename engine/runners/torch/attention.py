@@ -28,7 +28,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface

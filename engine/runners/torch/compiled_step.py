@@ -3,8 +3,8 @@
 A pure-decode step has one query token per row, so its shape is fixed by the row count.
 
 - CPU: ``torch.compile`` of the whole model with attention left out of the graph as the
-  opaque op ``genserve::decode_attention`` (engine/runners/torch/attention.py), split there and compiled
-  piece by piece (engine/runners/torch/piecewise.py: one layer compiled, shared by all). Two graphs:
+  opaque op ``genserve::decode_attention`` (attention.py), split there and compiled
+  piece by piece (piecewise.py: one layer compiled, shared by all). Two graphs:
   one for a single row (static shapes) and one for 2..``max_rows`` rows (the row count a
   dynamic dimension, so no padding and no graph per bucket). Attention runs eagerly
   between the pieces and gathers only as many KV blocks as the step's longest row needs.
@@ -28,16 +28,20 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.runners.torch.attention import OpaqueDecode, StaticDecode, forward_context
-from engine.runners.torch.decode_inputs import DecodeInputs, DecodeRowLike, build_decode_inputs, decode_width
 from engine.runners.base import BuildReport, WarmupReport
+from engine.runners.torch.attention import OpaqueDecode, StaticDecode, forward_context
+from engine.runners.torch.decode_inputs import (
+    DecodeInputs,
+    DecodeRowLike,
+    build_decode_inputs,
+    decode_width,
+)
 from engine.runners.torch.kv_tensors import KVCache
 
 log = logging.getLogger(__name__)

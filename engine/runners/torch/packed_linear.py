@@ -40,7 +40,7 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
-# Packed layers by key. The compiled decode step (engine/runners/torch/compiled_step.py) cannot trace an
+# Packed layers by key. The compiled decode step (compiled_step.py) cannot trace an
 # opaque oneDNN tensor, so under torch.compile a layer calls the custom op below with its
 # key: one black-box call per layer in the graph, the compiled code around it.
 _LAYERS: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}

@@ -32,7 +32,8 @@ _INDUCTOR_PATCHES = {"cpp.threads": 1}
 
 SPLIT_OPS = (torch.ops.genserve.decode_attention.default,)
 DIRECT_IMPLS: dict[Any, Callable[..., Any]] = {
-    torch.ops.genserve.decode_attention.default: engine.runners.torch.attention.decode_attention_impl,
+    torch.ops.genserve.decode_attention.default:
+        engine.runners.torch.attention.decode_attention_impl,
 }
 
 

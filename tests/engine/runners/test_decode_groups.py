@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from engine.config import EngineConfig
-from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.runners.base import DecodeRow, PrefillWork
+from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.runners.torch.model_runner import ModelRunner
 
 
