@@ -57,7 +57,7 @@ def test_children_and_seeds_draw_distinct_streams():
 def test_uniforms_are_in_the_unit_interval_and_look_uniform():
     n = 100_000
     u = uniforms([stream_key(3)] * n, range(n))
-    assert 0 <= float(u.min()) and float(u.max()) < 1
+    assert float(u.min()) >= 0 and float(u.max()) < 1
     assert abs(float(u.mean()) - 0.5) < 0.005  # std of the mean: 0.0009
     assert abs(float(u.var()) - 1 / 12) < 0.002
     hist = torch.histc(u.float(), bins=20, min=0, max=1)
