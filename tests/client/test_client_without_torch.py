@@ -91,13 +91,13 @@ def test_the_client_library_without_torch(blocked_env, make_echo_server):
     assert proc.stdout.splitlines()[0] == "SERVING"
 
 
-def test_the_client_extra_matches_the_pins_and_the_readme():
+def test_the_client_extra_matches_the_pins_and_the_manual():
     """The `client` extra names what a client-only install needs, with the base pins; the
-    README's install command lists exactly those."""
+    manual's install command (docs/clients.md) lists exactly those."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     client = project["optional-dependencies"]["client"]
     assert {r.split(">")[0] for r in client} == {"grpcio", "grpcio-health-checking",
                                                   "protobuf"}
     assert set(client) <= set(project["dependencies"])
-    readme = (REPO / "README.md").read_text()
-    assert "pip install " + " ".join(f"'{r}'" for r in client) in readme
+    manual = (REPO / "docs" / "clients.md").read_text()
+    assert "pip install " + " ".join(f"'{r}'" for r in client) in manual
