@@ -18,6 +18,7 @@ import time
 import torch
 
 from engine.config import EngineConfig, ModelInfo, QueueFullError
+from engine.counter_rng import random_key, stream_key
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logits_process import bind
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
@@ -105,11 +106,10 @@ class LLMEngine:
         for i in range(params.n):
             detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
                                            params.skip_special_tokens)
+            key = stream_key(params.seed, i) if params.seed is not None else random_key()
             seq = Sequence(next(self._seq_ids), req, i, req.prompt_token_ids,
-                           OutputState(params, detok, self._eos, max_new))
+                           OutputState(params, detok, self._eos, max_new), sampling_key=key)
             req.sequences.append(seq)
-            if params.seed is not None:
-                seq.generator = torch.Generator(self.runner.device).manual_seed(params.seed + i)
             try:
                 for p in params.logits_processors:  # one by one: _close releases what exists
                     seq.processors.append(bind(p))
@@ -236,14 +236,14 @@ class LLMEngine:
         spec = [i for i, e in enumerate(entries) if e.proposals]
         if plain:
             rows = [entries[i].rows.start for i in plain]
-            meta, sub = sampling_rows(rows, views, logits, self._eos, generators=True)
+            meta, sub = sampling_rows(rows, views, logits, self._eos)
             for i, t in zip(plain, self.sampler(sub, meta, logprobs=False).token_ids.tolist(),
                             strict=True):
                 emitted[i] = [t]
         if spec:
             assert self.speculator is not None
             rows = [r for i in spec for r in entries[i].rows]
-            meta, sub = sampling_rows(rows, views, logits, self._eos, generators=False)
+            meta, sub = sampling_rows(rows, views, logits, self._eos)
             verdict = self.speculator.verify([entries[i].seq for i in spec],
                                              [entries[i].proposals for i in spec], sub, meta)
             for i, tokens in zip(spec, verdict, strict=True):

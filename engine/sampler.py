@@ -4,11 +4,13 @@ Order, as HF's logits processors apply them (so greedy + penalties match ``gener
 banned ids -> repetition penalty -> presence/frequency penalties -> (greedy: argmax) ->
 temperature -> top-k -> top-p -> min-p -> typical-p -> sample.
 
-Sampling uses the exponential race ``argmax(p / q), q ~ Exp(1)``: an exact categorical
-draw. A seeded row takes its noise from its own generator with a fixed-size draw, so a
-seeded request samples the same tokens whatever its batch mates or its row are. Greedy
-rows never consume randomness. Everything stays on the logits' device; only the small
-final outputs are copied to the CPU.
+Sampling is by inverse CDF: the token whose interval of the cumulative distribution holds
+one uniform, and that uniform is a pure function of the row's stream key and the token's
+output position (``engine.counter_rng``). So a seeded request samples the same tokens
+whatever its batch mates, its row, a preemption, or speculation (which verifies a proposal
+by the same draw: accepted exactly when the plain sample is that token). Greedy rows draw
+nothing. Everything stays on the logits' device except the uniforms, made on the CPU (one
+small copy); only the small final outputs are copied back.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from itertools import chain
 import numpy as np
 import torch
 
+from engine.counter_rng import SAMPLE, uniforms
 from engine.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
@@ -38,7 +41,7 @@ class SamplingMetadata:
     repetition_penalty: torch.Tensor  # [B], 1 = off
     presence_penalty: torch.Tensor  # [B], 0 = off
     frequency_penalty: torch.Tensor  # [B], 0 = off
-    generators: list[torch.Generator | None]  # per row; None = global RNG
+    keys: list[int]  # per row: its sequence's random stream (engine.counter_rng)
     prompt_token_ids: list[list[int]]  # repetition penalty counts prompt + output (HF)
     output_token_ids: list[list[int]]  # presence/frequency count output only (vLLM/OpenAI)
     banned_token_ids: list[list[int]]  # -inf before anything else (min_new_tokens)
@@ -69,9 +72,16 @@ class SamplingMetadata:
         self.any_typical_p = any(p < 1 for p in typical_p)
         self.any_repetition_penalty = any(r != 1 for r in rep)
 
+    def uniforms(self, rows: list[int] | None = None, purpose: int = SAMPLE) -> torch.Tensor:
+        """``[len(rows)]`` float64 uniforms on the CPU, one per row (all rows if None) at
+        its own output position: the length of the output before the row's token."""
+        rows = list(range(len(self.keys))) if rows is None else rows
+        return uniforms([self.keys[i] for i in rows],
+                        [len(self.output_token_ids[i]) for i in rows], purpose)
+
     @classmethod
     def build(cls, params: list[SamplingParams], prompt_token_ids: list[list[int]],
-              output_token_ids: list[list[int]], generators: list[torch.Generator | None],
+              output_token_ids: list[list[int]], keys: list[int],
               banned_token_ids: list[list[int]], device: torch.device | str
               ) -> SamplingMetadata:
         # The columns are made on the CPU, where __post_init__ reads them for free, then
@@ -81,7 +91,7 @@ class SamplingMetadata:
         table = table.view(len(_COLUMNS), len(params))
         meta = cls(
             **_columns(table),
-            generators=generators, prompt_token_ids=prompt_token_ids,
+            keys=keys, prompt_token_ids=prompt_token_ids,
             output_token_ids=output_token_ids, banned_token_ids=banned_token_ids,
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
             need_logprobs=any(p.logprobs or p.top_logprobs > 0 for p in params),
@@ -264,22 +274,20 @@ def _warp(logits: torch.Tensor, meta: SamplingMetadata,
 # ----------------------------------------------------------------------------- sampling
 
 
-def sample_from_probs(probs: torch.Tensor,
-                      generators: list[torch.Generator | None]) -> torch.Tensor:
-    """One exact categorical draw per row by the exponential race ``argmax(p / q)``.
+def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One exact categorical draw per row by inverse CDF: the token ``i`` with
+    ``cdf[i - 1] <= u * total < cdf[i]``, so the draw depends on the row's uniform alone.
 
-    A row with a generator draws its ``V`` exponentials from it alone (on the generator's
-    device), so its result does not depend on the rest of the batch; the other rows share
-    one batched draw from the global RNG. Reusable by speculative decoding's resampling.
+    ``u``: ``[B]`` float64 in [0, 1) (any device). The cumulative sum is in float64 and
+    scaled by the row's own total, so rounding never lands on a token of probability 0 nor
+    past the last possible one. Reusable by speculative decoding's verification.
     """
-    q = torch.empty_like(probs)
-    if any(g is None for g in generators):
-        q.exponential_()
-    for i, g in enumerate(generators):
-        if g is not None:
-            q[i] = torch.empty(probs.shape[1], device=g.device).exponential_(generator=g)
-    # Exp(1) can round to 0; 0/0 would be NaN, which argmax would pick.
-    return row_argmax(probs / q.clamp_min_(torch.finfo(q.dtype).tiny))
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    point = torch.minimum(u.to(cdf.device, non_blocking=True)[:, None] * total,
+                          torch.nextafter(total, torch.zeros_like(total)))
+    # A row of NaNs (a broken processor) would search past the end: clamp it in range.
+    return torch.searchsorted(cdf, point, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
 
 
 def compute_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -325,7 +333,7 @@ class Sampler:
         """Sampled tokens for ``rows`` (``index`` on the device; None = every row)."""
         sub = processed if index is None else processed[index]
         probs = _warp(sub, meta, index).softmax(-1)
-        return sample_from_probs(probs, [meta.generators[i] for i in rows])
+        return sample_from_probs(probs, meta.uniforms(rows))
 
     @staticmethod
     def _output(raw: torch.Tensor, tokens: torch.Tensor,

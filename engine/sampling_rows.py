@@ -12,11 +12,9 @@ from engine.step_layout import RowView
 
 
 def sampling_rows(rows: list[int], views: list[RowView], logits: torch.Tensor,
-                  eos: Collection[int], generators: bool
-                  ) -> tuple[SamplingMetadata, torch.Tensor]:
-    """Sampling metadata of ``rows`` (each over its own prefix) and their logits.
-    ``generators``: attach each row's sequence generator (plain sampling; the speculator's
-    verifier takes the sequences' generators itself)."""
+                  eos: Collection[int]) -> tuple[SamplingMetadata, torch.Tensor]:
+    """Sampling metadata of ``rows`` (each over its own prefix, so its own output position)
+    and their logits."""
     # Every row in order (a step of plain decodes): the logits as they are, no gathered copy.
     sub = (logits if rows == list(range(len(logits)))
            else logits[torch.tensor(rows, device=logits.device)])
@@ -24,7 +22,7 @@ def sampling_rows(rows: list[int], views: list[RowView], logits: torch.Tensor,
     meta = SamplingMetadata.build(
         [v.seq.request.params for v in vs], [v.prompt_token_ids for v in vs],
         [v.output_token_ids for v in vs],
-        [v.seq.generator if generators else None for v in vs],
+        [v.seq.sampling_key for v in vs],
         [min_tokens_bans(v, sub[i], eos) for i, v in enumerate(vs)], logits.device)
     return meta, sub
 

@@ -6,8 +6,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from engine.logits_process import BoundProcessor
 from engine.outputs import CompletionDelta, FinishReason, RequestTimes, TokenLogprob, Usage
 from engine.sampling_params import SamplingParams
@@ -35,7 +33,7 @@ class Sequence:
     prompt_token_ids: list[int]
     output: OutputState
     processors: list[BoundProcessor] = field(default_factory=list)
-    generator: torch.Generator | None = None
+    sampling_key: int = 0  # its random stream (engine.counter_rng): from the seed if any
     output_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # leading tokens whose KV is in the cache

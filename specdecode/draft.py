@@ -10,8 +10,12 @@ extra weights, only a KV cache of N layers.
 Each round first catches the draft cache up with the sequence (the tokens accepted since
 the last round, or the whole prompt the first time) in one packed forward that also yields
 the first proposal, then runs k - 1 decode steps. Proposals are drawn from the draft's
-distribution q under the request's own sampling treatment (argmax for greedy requests), and
-q is returned for the rejection sampler. Draft KV of rejected proposals is overwritten later.
+distribution q under the request's own sampling treatment (argmax for greedy requests). A
+seeded row draws them by inverse CDF from the very uniforms the target will use at those
+output positions, so verification accepts exactly the proposals plain sampling would emit
+and the output stays the seed's; an unseeded sampled row draws them from a stream of its
+own, and its q is returned for exact rejection sampling (the better acceptance). Draft KV
+of rejected proposals is overwritten later.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
+from engine.counter_rng import DRAFT
 from engine.runners.base import DecodeRow, PrefillWork, Runner
 from engine.runners.torch import ModelRunner
 from engine.sampler import SamplingMetadata, compute_probs, row_argmax, sample_from_probs
@@ -40,6 +45,13 @@ class _DraftSeq:
     num_computed: int = 0  # leading tokens of the sequence (+ proposals) in the draft cache
     base: int = 0  # the sequence's length when the last proposals were made
     proposals: list[int] = field(default_factory=list)
+
+
+def samples_freely(seq: Sequence) -> bool:
+    """Whether the draft samples this sequence's proposals with randomness of its own (an
+    unseeded sampled request) rather than from the target's own per-position draws."""
+    params = seq.request.params
+    return params.temperature > 0 and params.seed is None
 
 
 def truncated_model(model: Any, num_layers: int) -> Any:
@@ -122,19 +134,19 @@ class DraftProposer:
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], max_tokens: list[int]
-                ) -> tuple[list[list[int]], torch.Tensor | None]:
-        """Proposals per sequence and, when any request samples, the draft distributions
-        they were drawn from, ``[batch, k, vocab]``."""
+                ) -> tuple[list[list[int]], dict[int, torch.Tensor]]:
+        """Proposals per sequence and, by batch index, the ``[k, vocab]`` draft
+        distributions of the ones sampled freely (``samples_freely``)."""
         out: list[list[int]] = [[] for _ in seqs]
         budget = [min(m, self.runner.max_model_len - s.num_tokens)
                   for s, m in zip(seqs, max_tokens, strict=True)]
         active = [(i, seq, self._state(seq)) for i, seq in enumerate(seqs) if budget[i] > 0]
         if not active:
-            return out, None
+            return out, {}
         k = max(budget[i] for i, _, _ in active)
-        sampled = any(seq.request.params.temperature > 0 for _, seq, _ in active)
+        free = [i for i, seq, _ in active if samples_freely(seq)]
         q = (torch.zeros(len(seqs), k, self.runner.vocab_size, device=self.runner.device)
-             if sampled else None)
+             if free else None)
         # Step 0: catch up (decode rows for one missing token, prefill chunks for more).
         decodes, prefills, decode_rows, prefill_rows = [], [], [], []
         for i, seq, st in active:
@@ -161,19 +173,26 @@ class DraftProposer:
             st.base = seq.num_tokens
             st.proposals = list(out[i])
             st.num_computed = seq.num_tokens + len(out[i]) - 1
-        return out, q
+        return out, {i: q[i] for i in free} if q is not None else {}
 
     def _draw(self, rows, out: list[list[int]], logits: torch.Tensor, q: torch.Tensor | None,
               j: int) -> list[int]:
         """One token per row from the draft's distribution under the request's sampling
-        treatment (penalties over the prefix so far); greedy rows take the argmax."""
+        treatment (penalties over the prefix so far), at the row's next output position;
+        greedy rows take the argmax."""
         seqs = [seq for _, seq, _ in rows]
-        if q is None:
+        if all(s.request.params.temperature == 0 for s in seqs):
             return row_argmax(logits).tolist()
         meta = SamplingMetadata.build(
             [s.request.params for s in seqs], [s.prompt_token_ids for s in seqs],
             [s.output_token_ids + out[i] for i, s, _ in rows],
-            [s.generator for s in seqs], [[] for _ in seqs], logits.device)
+            [s.sampling_key for s in seqs], [[] for _ in seqs], logits.device)
         probs = compute_probs(logits, meta)
-        q[torch.tensor([i for i, _, _ in rows], device=q.device), j] = probs
-        return sample_from_probs(probs, meta.generators).tolist()
+        u = meta.uniforms()
+        free = [r for r, s in enumerate(seqs) if samples_freely(s)]
+        if free:
+            assert q is not None
+            u[free] = meta.uniforms(free, DRAFT)
+            where = torch.tensor([rows[r][0] for r in free], device=q.device)
+            q[where, j] = probs[torch.tensor(free, device=probs.device)]
+        return sample_from_probs(probs, u).tolist()

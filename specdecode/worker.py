@@ -26,16 +26,23 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.counter_rng import ACCEPT, uniforms
 from engine.outputs import SpecStats
 from engine.runners.base import DecodeRow, PrefillWork, Runner
-from engine.sampler import SamplingMetadata, apply_penalties, compute_probs, row_argmax
+from engine.sampler import (
+    SamplingMetadata,
+    apply_penalties,
+    compute_probs,
+    row_argmax,
+    sample_from_probs,
+)
 from engine.sequence import Sequence
 from engine.speculation import SpeculatorFactory
 from specdecode.batch_expansion import contract, expand, multi_token
 from specdecode.config import SpeculativeConfig
 from specdecode.draft import DraftProposer
 from specdecode.ngram import NgramProposer
-from specdecode.rejection import rejection_sample, verify_greedy
+from specdecode.rejection import SampledDraft, rejection_sample, verify_matching
 
 MAX_BACKOFF = 16
 START_K = 4
@@ -97,7 +104,9 @@ class SpecWorker:
         self.target = target  # its row_cost is read when first needed (timed then)
         self.stats = SpecStats()
         self._pace: dict[int, _Pace] = {}
-        self._q: dict[int, torch.Tensor] = {}  # this step's draft distributions by seq id
+        # This step's draft distributions by seq id, of the proposals sampled with their own
+        # randomness (unseeded sampled rows of a draft model): verified by rejection sampling.
+        self._q: dict[int, torch.Tensor] = {}
         self.draft: DraftProposer | None = None
         self.ngram: NgramProposer | None = None
         if spec.method == "ngram":
@@ -147,8 +156,7 @@ class SpecWorker:
         self._q.clear()
         if self.draft is not None:
             proposals, q = self.draft.propose(seqs, budgets)
-            if q is not None:
-                self._q = {s.seq_id: q[i] for i, s in enumerate(seqs)}
+            self._q = {seqs[i].seq_id: qi for i, qi in q.items()}
             return proposals
         assert self.ngram is not None
         return [self.ngram.lookup(s.prompt_token_ids + s.output_token_ids, b) if b else []
@@ -164,19 +172,28 @@ class SpecWorker:
 
     def verify(self, seqs: list[Sequence], proposals: list[list[int]], logits: torch.Tensor,
                meta: SamplingMetadata) -> list[list[int]]:
-        """Greedy: the longest prefix matching the target's argmax, then its argmax.
-        Sampled: exact rejection sampling against the draft's q (one-hot for n-gram)."""
+        """Each row's target token is what plain decoding would pick there (the argmax, or
+        the inverse-CDF draw at the row's own output position); proposals are accepted while
+        they are the target token, so the output is plain decoding's whether or not a step
+        speculated. Proposals a draft sampled with randomness of its own get exact rejection
+        sampling against the draft's q instead."""
         lengths = [len(p) for p in proposals]
         k = max(lengths)
         draft = torch.tensor([p + [0] * (k - len(p)) for p in proposals])
         lens = torch.tensor(lengths)
         if meta.all_greedy:
             target = row_argmax(apply_penalties(logits.float(), meta))
-            verified = verify_greedy(contract(target, lengths).cpu(), draft, lens)
+            verified = verify_matching(contract(target, lengths).cpu(), draft, lens)
         else:
-            probs = contract(compute_probs(logits, meta), lengths)
-            verified = rejection_sample(probs, draft, lens, self._draft_probs(seqs, k),
-                                        [s.generator for s in seqs])
+            probs = compute_probs(logits, meta)
+            u = meta.uniforms()
+            target = contract(sample_from_probs(probs, u), lengths).cpu()
+            sampled = self._sampled_draft(seqs, k)
+            if sampled is None:
+                verified = verify_matching(target, draft, lens)
+            else:
+                verified = rejection_sample(contract(probs, lengths), draft, lens, target,
+                                            contract(u, lengths), sampled)
         self.stats.steps += 1
         for seq, n, accepted, tokens in zip(seqs, lengths, verified.num_accepted,
                                             verified.token_ids, strict=True):
@@ -188,17 +205,22 @@ class SpecWorker:
             self._pace[seq.seq_id].observe(n, accepted, self.k)
         return verified.token_ids
 
-    def _draft_probs(self, seqs: list[Sequence], k: int) -> torch.Tensor | None:
-        """``[batch, k, vocab]`` draft distributions of the verified sequences (rows past a
-        sequence's own proposals are never read); None for deterministic proposers."""
+    def _sampled_draft(self, seqs: list[Sequence], k: int) -> SampledDraft | None:
+        """The sequences whose proposals the draft sampled with randomness of its own, their
+        ``[batch, k, vocab]`` draft distributions (other rows and rows past a sequence's own
+        proposals are never read) and accept-test uniforms; None when there are none."""
         if not self._q:
             return None
         first = next(iter(self._q.values()))
         q = first.new_zeros(len(seqs), k, first.shape[-1])
         for i, seq in enumerate(seqs):
-            mine = self._q[seq.seq_id][:k]
-            q[i, :len(mine)] = mine
-        return q
+            mine = self._q.get(seq.seq_id)
+            if mine is not None:
+                q[i, :len(mine[:k])] = mine[:k]
+        rows = torch.tensor([s.seq_id in self._q for s in seqs])
+        keys = [s.sampling_key for s in seqs for _ in range(k)]
+        positions = [len(s.output_token_ids) + j for s in seqs for j in range(k)]
+        return SampledDraft(rows, q, uniforms(keys, positions, ACCEPT).view(len(seqs), k))
 
     def release(self, seq: Sequence) -> None:
         self._pace.pop(seq.seq_id, None)

@@ -1,4 +1,5 @@
-"""Sampler: HF-equal penalties and warpers, exact sampling, seeded reproducibility, logprobs."""
+"""Sampler: HF-equal penalties and warpers, exact inverse-CDF sampling from counter-based
+uniforms, seeded reproducibility, logprobs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from transformers.generation.logits_process import (
 )
 
 import engine.sampler as sampler_mod
+from engine.counter_rng import random_key, stream_key, uniforms
 from engine.sampler import (
     Sampler,
     SamplingMetadata,
@@ -32,14 +34,15 @@ CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no CUDA"))]
 
 
-def meta_for(params: list[SamplingParams], *, prompts=None, outputs=None, generators=None,
+def meta_for(params: list[SamplingParams], *, prompts=None, outputs=None, keys=None,
              banned=None, device="cpu") -> SamplingMetadata:
+    """Rows without a key get a fresh random stream each (from torch's global RNG)."""
     n = len(params)
     return SamplingMetadata.build(
         params,
         prompts if prompts is not None else [[] for _ in range(n)],
         outputs if outputs is not None else [[] for _ in range(n)],
-        generators if generators is not None else [None] * n,
+        keys if keys is not None else [random_key() for _ in range(n)],
         banned if banned is not None else [[] for _ in range(n)],
         device,
     )
@@ -51,6 +54,17 @@ def rand_logits(rows: int, vocab: int = V, seed: int = 0, scale: float = 3.0) ->
 
 def seeded(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def inverse_cdf_reference(probs: torch.Tensor, u: float) -> int:
+    """The token whose interval [cdf before it, cdf at it) of the row holds ``u``, by a
+    plain loop in exact-ish float64."""
+    cum = 0.0
+    for i, p in enumerate(probs.double().tolist()):
+        if p > 0 and cum <= u < cum + p:
+            return i
+        cum += p
+    return max(i for i, p in enumerate(probs.tolist()) if p > 0)
 
 
 def hf_warpers(p: SamplingParams) -> LogitsProcessorList:
@@ -77,7 +91,7 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 # Chi-square critical values at p = 0.001 for the degrees of freedom used below.
-CHI2_CRIT_001 = {7: 24.32, 4: 18.47}
+CHI2_CRIT_001 = {7: 24.32, 6: 22.46, 4: 18.47}
 
 
 # ------------------------------------------------------------------------------ metadata
@@ -146,14 +160,21 @@ def test_all_greedy_without_penalties_is_a_single_argmax(monkeypatch):
     assert torch.equal(out.token_ids, logits.argmax(-1))
 
 
-def test_greedy_rows_consume_no_randomness():
-    g = seeded(7)
-    g_state, global_state = g.get_state(), torch.get_rng_state()
-    params = [SamplingParams(seed=7), SamplingParams(temperature=1.0, seed=8)]
-    meta = meta_for(params, generators=[g, seeded(8)])
-    Sampler()(rand_logits(2), meta)
-    assert torch.equal(g.get_state(), g_state)  # the greedy row's own generator
-    assert torch.equal(torch.get_rng_state(), global_state)  # the other row is seeded too
+def test_sampling_draws_nothing_from_the_global_rng_and_greedy_rows_no_uniform(monkeypatch):
+    params = [SamplingParams(seed=7), SamplingParams(temperature=1.0, seed=8),
+              SamplingParams(temperature=0.5, top_p=0.9)]
+    meta = meta_for(params, keys=[stream_key(7), stream_key(8), 123])
+    drawn: list[list[int]] = []
+
+    def recording(keys, positions, purpose=0):
+        drawn.append(list(keys))
+        return uniforms(keys, positions, purpose)
+
+    monkeypatch.setattr(sampler_mod, "uniforms", recording)
+    global_state = torch.get_rng_state()
+    Sampler()(rand_logits(3), meta)
+    assert torch.equal(torch.get_rng_state(), global_state)
+    assert drawn == [[stream_key(8), 123]]  # the greedy row drew nothing
 
 
 # ----------------------------------------------------------------------------- penalties
@@ -379,7 +400,7 @@ def test_seeded_and_warped_samples_follow_compute_probs():
     row = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, -1.0, 0.3, 1.5])
     n = 5_000
     params = [SamplingParams(temperature=0.7, top_k=5, seed=i) for i in range(n)]
-    meta = meta_for(params, generators=[seeded(i) for i in range(n)])
+    meta = meta_for(params, keys=[stream_key(i) for i in range(n)])
     logits = row.expand(n, -1)
     counts = torch.bincount(Sampler()(logits, meta).token_ids, minlength=8)
     assert chi_square(counts, compute_probs(logits[:1], meta_for(params[:1]))[0]) \
@@ -387,18 +408,55 @@ def test_seeded_and_warped_samples_follow_compute_probs():
 
 
 def test_sample_from_probs_never_picks_zero_probability_tokens():
-    probs = torch.zeros(256, V)
+    probs = torch.zeros(260, V)
     probs[:, 10] = 0.25
     probs[:, 20] = 0.75
-    torch.manual_seed(0)
-    tokens = sample_from_probs(probs, [None] * 128 + [seeded(i) for i in range(128)])
-    assert set(tokens.tolist()) <= {10, 20}
+    edges = [0.0, 0.25, 1 - 2.0 ** -53, 0.25 - 2.0 ** -53]  # the ends and the boundary
+    u = torch.cat([torch.tensor(edges, dtype=torch.float64), uniforms(range(256), [0] * 256)])
+    tokens = sample_from_probs(probs, u).tolist()
+    assert set(tokens) == {10, 20}
+    assert tokens[:4] == [10, 20, 20, 10]
+
+
+def test_sample_from_probs_is_the_inverse_cdf_at_u():
+    """Token i exactly when u falls in [cdf before i, cdf at i): probabilities that are
+    dyadic (exact in float), u on a fine grid and on every boundary."""
+    probs = torch.tensor([0.125, 0.0, 0.25, 0.0625, 0.0, 0.5, 0.0625, 0.0])
+    cdf = probs.double().cumsum(0).tolist()
+    grid = [i / 512 for i in range(512)] + cdf[:-2] + [c - 2.0 ** -40 for c in cdf[:-2]]
+    got = sample_from_probs(probs.expand(len(grid), -1),
+                            torch.tensor(grid, dtype=torch.float64)).tolist()
+    assert got == [inverse_cdf_reference(probs, u) for u in grid]
+
+
+def test_sample_from_probs_scales_u_by_a_row_total_off_one():
+    """Rounding leaves rows summing to a little more or less than 1: u is a fraction of the
+    row's own total, so the largest u still lands on the last possible token (not on the
+    zero-probability one after it) and a row of NaNs stays in range."""
+    probs = torch.tensor([[0.5, 0.5 - 1e-6, 0.0], [0.5, 0.5 + 1e-6, 0.0],
+                          [float("nan")] * 3])
+    top = torch.tensor([1 - 2.0 ** -53] * 3, dtype=torch.float64)
+    got = sample_from_probs(probs, top).tolist()
+    assert got[:2] == [1, 1] and 0 <= got[2] < 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inverse_cdf_samples_follow_probs_over_many_seeds(device):
+    """Chi-square of 20k draws (fixed seeds 0..19999, position 0) against a distribution with
+    tiny, zero and large probabilities; and position 1 of the same streams is as good."""
+    probs = torch.tensor([0.3, 0.0, 0.05, 0.2, 0.01, 0.14, 0.25, 0.05])
+    n = 20_000
+    keys = [stream_key(s) for s in range(n)]
+    for position in (0, 1):
+        u = uniforms(keys, [position] * n)
+        tokens = sample_from_probs(probs.to(device).expand(n, -1), u).cpu()
+        counts = torch.bincount(tokens, minlength=len(probs))
+        assert chi_square(counts, probs) < CHI2_CRIT_001[6]
 
 
 def _seeded_run(position: int, batch: int, device: str, steps: int = 6) -> list[int]:
     """Tokens of one seeded, penalised, top-p row at ``position`` among random batch mates."""
     mine = SamplingParams(temperature=0.9, top_p=0.95, frequency_penalty=0.3, seed=42)
-    gen = torch.Generator(device).manual_seed(42)
     mates = [SamplingParams(), SamplingParams(temperature=1.2),
              SamplingParams(temperature=0.8, top_k=7, seed=1),
              SamplingParams(temperature=1.0, repetition_penalty=1.3)]
@@ -406,14 +464,13 @@ def _seeded_run(position: int, batch: int, device: str, steps: int = 6) -> list[
     torch.manual_seed(position * 100 + batch)  # the global RNG differs between runs
     for step in range(steps):
         params = [mates[(i + step) % len(mates)] for i in range(batch)]
-        gens = [torch.Generator(device).manual_seed(99) if p.seed is not None else None
-                for p in params]
+        keys = [stream_key(99) if p.seed is not None else random_key() for p in params]
         logits = rand_logits(batch, seed=1000 + step * 10 + batch)  # batch mates vary
-        params[position], gens[position] = mine, gen
+        params[position], keys[position] = mine, stream_key(42)
         logits[position] = rand_logits(1, seed=step)[0]  # my row's logits don't
-        outputs = [[] for _ in range(batch)]
+        outputs = [[7] * ((i + step) % 3) for i in range(batch)]  # mates at other positions
         outputs[position] = tokens
-        meta = meta_for(params, outputs=outputs, generators=gens, device=device)
+        meta = meta_for(params, outputs=outputs, keys=keys, device=device)
         out = Sampler()(logits.to(device), meta)
         tokens = tokens + [int(out.token_ids[position])]
     return tokens
@@ -427,13 +484,19 @@ def test_seeded_row_is_independent_of_batch_mates_and_position(device):
     assert len(set(alone)) > 1  # it really sampled
 
 
-def test_seeded_generator_advances_by_a_fixed_amount_per_step():
-    g1, g2 = seeded(3), seeded(3)
-    meta_small = meta_for([SamplingParams(temperature=1.0, top_k=3, seed=3)], generators=[g1])
-    meta_plain = meta_for([SamplingParams(temperature=1.0, seed=3)], generators=[g2])
-    Sampler()(rand_logits(1), meta_small)
-    Sampler()(rand_logits(1, seed=9), meta_plain)
-    assert torch.equal(g1.get_state(), g2.get_state())
+def test_a_rows_draw_depends_on_its_key_and_output_position_only():
+    """The same key and output length draw the same uniform whatever else is in the batch:
+    a row sampled alone equals the row sampled among others at another index."""
+    params = SamplingParams(temperature=1.0)
+    logits = rand_logits(1, seed=21, scale=0.5)  # flat: nearly every uniform moves the token
+    out = [[3, 4, 5]]
+    alone = [Sampler()(logits, meta_for([params], outputs=out, keys=[k])).token_ids[0]
+             for k in range(40)]
+    crowd = [Sampler()(torch.cat([rand_logits(2, seed=k), logits]),
+                       meta_for([params] * 3, outputs=[[], [1]] + out, keys=[7, 8, k])
+                       ).token_ids[2] for k in range(40)]
+    assert alone == crowd
+    assert len(set(int(t) for t in alone)) > 5  # the key really moves the draw
 
 
 # ----------------------------------------------------------------------------- logprobs
@@ -481,8 +544,7 @@ def test_mixed_batch_of_greedy_sampled_and_penalised_rows():
     top = logits.argmax(-1).tolist()
     outputs = [[], [], [top[2]], [], [top[4]], []]
     banned = [[], [], [], [], [], [top[5]]]
-    meta = meta_for(params, outputs=outputs, banned=banned,
-                    generators=[None, seeded(5), None, None, None, None])
+    meta = meta_for(params, outputs=outputs, banned=banned)
     before = logits.clone()
     torch.manual_seed(0)
     out = Sampler()(logits, meta)
@@ -503,8 +565,7 @@ def test_cuda_sampling_waits_for_the_device_once():
               SamplingParams(temperature=1.0, top_k=5, repetition_penalty=1.2, top_logprobs=3)]
     logits = rand_logits(3).cuda()
     meta = meta_for(params, prompts=[[1, 2]] * 3, outputs=[[3]] * 3, banned=[[4]] * 3,
-                    generators=[None, torch.Generator("cuda").manual_seed(1), None],
-                    device="cuda")
+                    keys=[1, stream_key(1), 2], device="cuda")
     Sampler()(logits, meta)  # warm up lazy initialisation
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
@@ -524,8 +585,8 @@ def test_cuda_batch_matches_seeded_reproducibility_and_returns_cpu_tensors():
     logits = rand_logits(3, seed=12).cuda().half()
 
     def run(rows: list[int]) -> torch.Tensor:
-        gens = [torch.Generator("cuda").manual_seed(11) if i == 0 else None for i in rows]
-        meta = meta_for([params[i] for i in rows], generators=gens, outputs=[[1]] * len(rows),
+        keys = [stream_key(11) if i == 0 else random_key() for i in rows]
+        meta = meta_for([params[i] for i in rows], keys=keys, outputs=[[1]] * len(rows),
                         device="cuda")
         out = Sampler()(logits[rows], meta)
         assert out.token_ids.device.type == "cpu" and out.top_logprobs is not None
@@ -534,5 +595,5 @@ def test_cuda_batch_matches_seeded_reproducibility_and_returns_cpu_tensors():
 
     assert run([0])[0] == run([2, 1, 0])[2]
     assert run([1, 0])[0] == logits[1].argmax().item()
-    cpu_gen_meta = meta_for(params[:1], generators=[seeded(11)], device="cuda")
-    assert Sampler()(logits[:1], cpu_gen_meta).token_ids.shape == (1,)
+    cpu = meta_for(params[:1], keys=[stream_key(11)], outputs=[[1]])
+    assert Sampler()(logits[:1].cpu(), cpu).token_ids[0] == run([0])[0]  # the same on the CPU

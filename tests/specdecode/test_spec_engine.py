@@ -336,3 +336,119 @@ def test_ngram_speculates_on_consecutive_steps(deep_model_dir, ids):
     assert any(a and b for a, b in zip(speculated, speculated[1:], strict=False))
     assert all(prefills == 0 for _, prefills in calls[1:])  # nothing recomputed
     assert len(calls) < 40 / 2
+
+
+# ------------------------------------------------- seeded sampling under speculation and load
+
+
+class CopyBias:
+    """Gives the token that repeats the prompt cyclically as much weight as all the others
+    (more after temperature 0.9 and top-p): sampled text that mostly copies (n-gram lookup
+    proposes, and is often right) and often enough does not."""
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        out = logits.clone()
+        out[prompt_ids[len(output_ids) % len(prompt_ids)]] = logits.logsumexp(0)
+        return out
+
+
+SEEDED_NEW = 40
+
+
+def seeded_params(seed: int = 2024) -> SamplingParams:
+    return SamplingParams(max_new_tokens=SEEDED_NEW, min_new_tokens=SEEDED_NEW,
+                          temperature=0.9, top_p=0.95, seed=seed, n=2,
+                          logits_processors=[CopyBias()])
+
+
+def crowd(ids, size: int, at: int) -> list[tuple[str, list[int], SamplingParams]]:
+    """Unseeded sampled batch mates of different lengths, half of them copy-biased."""
+    return [(f"mate{at}-{i}", ids[i % len(ids)], SamplingParams(
+        max_new_tokens=4 + 3 * (i % 4), min_new_tokens=4 + 3 * (i % 4), temperature=1.0,
+        logits_processors=[CopyBias()] if i % 2 else [])) for i in range(size)]
+
+
+def seeded_run(engine, ids, arrivals=None) -> list[list[int]]:
+    """The seeded request's children (prompt: a copy-heavy sentence), among ``arrivals``."""
+    arrivals = {k: list(v) for k, v in (arrivals or {}).items()}
+    arrivals.setdefault(0, []).append(("seeded", ids[1] * 2, seeded_params()))
+    res = run_to_completion(engine, arrivals)
+    return [c.token_ids for c in res["seeded"]]
+
+
+def count_forced_off(engine) -> list[int]:
+    """Records, per step of the speculator, whether the batch was past its off threshold."""
+    spec = engine.speculator
+    off: list[int] = []
+    budgets = spec.budgets
+
+    def recording(seqs, num_running):
+        off.append(int(num_running > spec.disable_batch_size))
+        return budgets(seqs, num_running)
+
+    spec.budgets = recording
+    return off
+
+
+@pytest.fixture(scope="module")
+def seeded_alone(deep_model_dir, ids):
+    return seeded_run(engine_for(deep_model_dir), ids)
+
+
+def test_seeded_reference_really_samples(seeded_alone, deep_model_dir, ids):
+    a, b = seeded_alone
+    assert len(a) == len(b) == SEEDED_NEW and a != b  # n children draw distinct streams
+    other = run_to_completion(engine_for(deep_model_dir), {0: [
+        ("s", ids[1] * 2, seeded_params(7))]})["s"][0].token_ids
+    assert other != a  # another seed, another output
+
+
+def test_seeded_output_is_the_same_among_random_batch_mates(seeded_alone, deep_model_dir,
+                                                            ids):
+    engine = engine_for(deep_model_dir)
+    assert seeded_run(engine, ids, {0: crowd(ids, 3, 0), 4: crowd(ids, 5, 4)}) == seeded_alone
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_seeded_output_is_the_same_with_ngram_speculation(seeded_alone, deep_model_dir, ids,
+                                                          k):
+    engine = engine_for(deep_model_dir, "ngram", k=k)
+    assert seeded_run(engine, ids) == seeded_alone
+    stats = engine.stats().spec
+    assert stats.proposed > stats.accepted > 0  # proposals both accepted and rejected
+
+
+def test_seeded_output_is_the_same_when_speculation_turns_off_for_some_steps(
+        seeded_alone, deep_model_dir, ids):
+    """A crowd arrives and leaves: past 3 running sequences speculation is off for the step,
+    then on again; batch mates speculate too."""
+    engine = engine_for(deep_model_dir, "ngram", k=4, disable_batch_size=3)
+    off = count_forced_off(engine)
+    got = seeded_run(engine, ids, {3: crowd(ids, 4, 3), 20: crowd(ids, 3, 20)})
+    assert got == seeded_alone
+    assert 0 < sum(off) < len(off)  # some steps off, some on
+    assert engine.stats().spec.accepted > 0
+
+
+@pytest.mark.parametrize("method", ["draft-target", "draft-random", "self:2"])
+def test_seeded_output_is_the_same_with_a_sampling_draft_model(
+        seeded_alone, method, deep_model_dir, other_draft_dir, ids):
+    """A seeded row's draft samples from the target's own per-position uniforms: its
+    output is plain sampling's, alone and in a crowd that turns speculation off."""
+    engine = method_engine(method, deep_model_dir, other_draft_dir, disable_batch_size=4)
+    assert seeded_run(engine, ids) == seeded_alone
+    assert seeded_run(engine, ids, {2: crowd(ids, 5, 2)}) == seeded_alone
+    stats = engine.stats().spec
+    assert stats.proposed > 0 and stats.accepted > 0
+
+
+def test_seeded_output_is_the_same_after_preemption_with_speculation(
+        seeded_alone, deep_model_dir, ids):
+    """Room for one and a half of its children: preempted and recomputed, with n-gram
+    speculation."""
+    per_block = 2 * 4 * 2 * 16 * 4 * 4  # (k, v) * layers * kv heads * head dim * fp32 * 4
+    engine = engine_for(deep_model_dir, "ngram", k=4, block_size=4,
+                        kv_cache_memory=per_block * 24)
+    got = seeded_run(engine, ids, {1: crowd(ids, 4, 1)})
+    assert engine.scheduler.num_preemptions > 0
+    assert got == seeded_alone

@@ -6,6 +6,7 @@ own sequence. Skipped where llama-cpp-python is not installed."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 
@@ -245,3 +246,51 @@ def test_prompt_logprobs_are_llama_cpps_own(engine, ids):
                 got = out.prompt_logprobs
     assert got is not None and [t.token_id for t in got] == prompt[1:]
     np.testing.assert_allclose([t.logprob for t in got], expected, atol=1e-4)
+
+
+def test_seeded_sampling_is_the_same_alone_among_mates_and_with_speculation(engine, ids):
+    """A seeded sampled request (temperature 0.9, top-p 0.95) on a copy-heavy prompt emits
+    the same tokens alone, among random batch mates, with n-gram speculation of several k,
+    and when a crowd turns speculation off for some steps: each output position draws one
+    uniform whether or not it speculated. The mates outlive it and n = 1: a sequence that
+    ends mid-run frees KV cells llama.cpp then fills out of position order, which moves
+    this runner's logits (by up to ~0.9 on the default model) whatever the sampler does
+    (see the runner's notes on batch invariance)."""
+    prompt = engine.tokenizer(COPY_PROMPT)["input_ids"]
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True, temperature=0.9, top_p=0.95,
+                            seed=11)
+
+    def mates(at: int, size: int) -> list[tuple[str, list[int], SamplingParams]]:
+        return [(f"m{at}-{i}", ids[i % len(ids)], SamplingParams(
+            max_new_tokens=48, ignore_eos=True, temperature=1.0)) for i in range(size)]
+
+    def seeded(eng: LLMEngine, arrivals=None) -> list[int]:
+        arrivals = {k: list(v) for k, v in (arrivals or {}).items()}
+        arrivals.setdefault(0, []).append(("s", prompt, params))
+        return tokens(run_to_completion(eng, arrivals), "s")
+
+    def speculating(k: int, off_above: int = 64) -> LLMEngine:
+        return LLMEngine(config(), speculator=speculator_for(SpeculativeConfig(
+            method="ngram", num_spec_tokens=k, disable_batch_size=off_above)))
+
+    alone = seeded(engine)
+    other = run_to_completion(engine, {0: [("o", prompt, dataclasses.replace(params, seed=7))]})
+    assert tokens(other, "o") != alone  # it really samples
+    assert seeded(engine, {0: mates(0, 2), 3: mates(3, 3)}) == alone
+    for k in (2, 8):
+        spec = speculating(k)
+        assert seeded(spec) == alone, f"k={k}"
+        assert spec.stats().spec.accepted > 0
+    spec = speculating(4, off_above=3)
+    off: list[bool] = []
+    budgets = spec.speculator.budgets
+
+    def recording(seqs, num_running):
+        off.append(num_running > 3)
+        return budgets(seqs, num_running)
+
+    spec.speculator.budgets = recording
+    assert seeded(spec, {6: mates(6, 3)}) == alone
+    assert any(off) and not all(off)  # speculation on for some steps, off for others
+    assert spec.stats().spec.accepted > 0
+    assert spec.scheduler.allocator.num_used == 0
