@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
-from engine.runners.torch.attention import ATTN_NAME, AttentionMetadata, PrefillChunk
-from engine.runners.base import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork, WarmupReport
-from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.config import EngineConfig
-from engine.runners.torch.decode_inputs import build_decode_inputs
-from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
 from engine.loading.model_loader import (
     load_model,
     load_tokenizer,
@@ -20,6 +14,17 @@ from engine.loading.model_loader import (
     resolve_dtype,
     resolve_model,
 )
+from engine.runners.base import (
+    DEFAULT_MAX_MODEL_LEN,
+    DecodeRow,
+    PrefillWork,
+    WarmupReport,
+    config_eos_ids,
+)
+from engine.runners.torch.attention import ATTN_NAME, AttentionMetadata, PrefillChunk
+from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
+from engine.runners.torch.decode_inputs import build_decode_inputs
+from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
 from engine.runners.torch.packed_linear import can_pack, pack_linears
 
 log = logging.getLogger(__name__)
@@ -85,13 +90,7 @@ class ModelRunner:
                  num_blocks * config.block_size)
 
     def eos_token_ids(self) -> list[int]:
-        ids: set[int] = set()
-        for src in (self.model.generation_config, self.model.config):
-            eos = getattr(src, "eos_token_id", None)
-            if isinstance(eos, int):
-                ids.add(eos)
-            elif eos:
-                ids.update(eos)
+        ids = config_eos_ids(self.model.generation_config, self.model.config)
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return sorted(ids)
