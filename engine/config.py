@@ -21,16 +21,19 @@ class EngineConfig:
     block_size: int = 16  # tokens per KV block
     dtype: str = "auto"  # auto = fp32 on CPU, bf16 on CUDA
     device: str = "auto"  # auto = cuda if available else cpu
-    max_waiting: int = 1024  # waiting-queue bound; beyond it generate() raises QueueFullError
+    # waiting-queue bound, kept by AsyncEngine (check_queue): beyond it, QueueFullError
+    max_waiting: int = 1024
     # Run batched processors' prepare in a worker thread during the forward. None = auto:
     # only when the forward leaves a CPU core free (CUDA, or more cores than torch uses);
     # on a CPU whose cores the forward saturates, overlapping measured slower (make bench).
     overlap_prepare: bool | None = None
-    # CPU fp32: linear weights reordered once for oneDNN at load (engine/runners/torch/packed_linear.py);
+    # CPU fp32: linear weights reordered once for oneDNN at load
+    # (engine/runners/torch/packed_linear.py);
     # faster than the compiled step there, and it needs no start-up compile, so a packed
     # model is not compiled. False: plain F.linear (and the compiled step, unless eager).
     pack_weights: bool = True
-    # Compiled decode step (engine/runners/torch/compiled_step.py, built by ModelRunner.warmup()). CUDA:
+    # Compiled decode step (engine/runners/torch/compiled_step.py, built by
+    # ModelRunner.warmup()). CUDA:
     # a CUDA graph per bucket, rows padded up to it. CPU: torch.compile covers 1..largest
     # bucket rows (two graphs, no padding). Mixed and larger steps run eagerly.
     enforce_eager: bool = False  # True: never compile or capture anything
