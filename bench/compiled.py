@@ -16,7 +16,7 @@ from bench.processors import decode_steps
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runners.torch import can_pack, pack_linears, unpack_linears
-from engine.runners.select import torch_runner
+from engine.runner import torch_runner
 from engine.sampling_params import SamplingParams
 
 PROMPT = "The history of the Roman Empire is"
@@ -27,7 +27,7 @@ def measure(engine: LLMEngine, batches: tuple[int, ...] = (1, 8, 32), new: int =
     """Builds the compiled step if the runner has none yet (that time is reported), and
     compares plain eager steps (``F.linear``) with what genserve runs: packed linears,
     eager and compiled. Leaves the runner packed, with its graphs."""
-    runner = torch_runner(engine.runners.select)
+    runner = torch_runner(engine.runner)
     warmup = None
     if runner.decode_graphs is None:
         report = runner.warmup()

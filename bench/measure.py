@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from engine.llm_engine import LLMEngine
-from engine.runners.select import torch_runner
+from engine.runner import torch_runner
 from engine.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"
@@ -96,7 +96,7 @@ def prompts(n: int) -> list[str]:
 # ---- HF baselines (stock transformers: the caller wraps them in stock_transformers) ----
 
 def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
-    model, tok = torch_runner(engine.runners.select).model, engine.tokenizer
+    model, tok = torch_runner(engine.runner).model, engine.tokenizer
     total, ttfts = 0.0, []
     with torch.inference_mode():
         for p in prompts(n_req):
@@ -113,7 +113,7 @@ def hf_sequential(engine: LLMEngine, n_req: int, new: int) -> Row:
 
 
 def hf_static(engine: LLMEngine, batch: int, new: int) -> Row:
-    model, tok = torch_runner(engine.runners.select).model, engine.tokenizer
+    model, tok = torch_runner(engine.runner).model, engine.tokenizer
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

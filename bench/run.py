@@ -38,7 +38,7 @@ from bench.server import cli_generate_seconds, free_port, grpc_clients, start_se
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runners.torch import stock_transformers
-from engine.runners.select import llama_cpp_available, torch_runner
+from engine.runner import llama_cpp_available, torch_runner
 
 def plot(rows: list[Row], path: Path) -> None:
     try:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # The torch runner: these rows measure it against HF (bench/llamacpp.py: llama.cpp's).
     engine = LLMEngine(EngineConfig(model=args.model, max_num_seqs=64, runner="torch"))
-    runner = torch_runner(engine.runners.select)
+    runner = torch_runner(engine.runner)
 
     def hf(fn: Callable[[LLMEngine, int, int], Row], n: int) -> Callable[[], Row]:
         def run() -> Row:

@@ -18,7 +18,7 @@ from bench.structured import chat_ids
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runners.torch import stock_transformers
-from engine.runners.select import torch_runner
+from engine.runner import torch_runner
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
@@ -96,7 +96,7 @@ def _hf_one(model, ids: list[int], new: int, lookup: int | None) -> tuple[int, f
 def hf(engine: LLMEngine, prompts: list[list[int]], new: int, reps: int) -> dict:
     """HF generate plain vs with prompt lookup, interleaved prompt by prompt."""
     totals = {"plain": [0, 0.0], "lookup10": [0, 0.0]}
-    with stock_transformers(torch_runner(engine.runners.select).model) as model:
+    with stock_transformers(torch_runner(engine.runner).model) as model:
         for _ in range(reps):
             for ids in prompts:
                 for name, lookup in (("plain", None), ("lookup10", 10)):

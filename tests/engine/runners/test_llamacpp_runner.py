@@ -16,7 +16,7 @@ from engine.runners.llamacpp import MAX_UBATCH
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import default_model_path
 from engine.outputs import FinishReason
-from engine.runners.select import choose_runner, llama_cpp_available
+from engine.runner import choose_runner, llama_cpp_available
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
@@ -107,7 +107,7 @@ def test_model_info_names_the_runner_and_the_hf_tokenizer_matches_llama_vocab(en
 
 
 def test_the_cost_of_a_verify_row_is_measured_outside_the_serving_context(engine):
-    runner = engine.runners.select
+    runner = engine.runner
     # Q4_1 on a CPU: an extra row of a sequence costs a real share of a step (0.6 here);
     # the serving context holds no cell of the timing
     assert 0.05 < runner.row_cost <= 2.0
