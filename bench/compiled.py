@@ -15,8 +15,8 @@ import statistics
 from bench.processors import decode_steps
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.runners.select import torch_runner
 from engine.runners.torch import can_pack, pack_linears, unpack_linears
-from engine.runner import torch_runner
 from engine.sampling_params import SamplingParams
 
 PROMPT = "The history of the Roman Empire is"

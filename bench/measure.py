@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from engine.llm_engine import LLMEngine
-from engine.runner import torch_runner
+from engine.runners.select import torch_runner
 from engine.sampling_params import SamplingParams
 
 RESULTS = Path(__file__).parent / "results"

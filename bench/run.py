@@ -37,8 +37,9 @@ from bench.measure import (
 from bench.server import cli_generate_seconds, free_port, grpc_clients, start_server_process
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.runners.select import llama_cpp_available, torch_runner
 from engine.runners.torch import stock_transformers
-from engine.runner import llama_cpp_available, torch_runner
+
 
 def plot(rows: list[Row], path: Path) -> None:
     try:

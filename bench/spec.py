@@ -17,8 +17,8 @@ import torch
 from bench.structured import chat_ids
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.runners.select import torch_runner
 from engine.runners.torch import stock_transformers
-from engine.runner import torch_runner
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for

@@ -12,11 +12,11 @@ import json
 import pytest
 
 from engine.config import EngineConfig
-from engine.runners.llamacpp import MAX_UBATCH
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import default_model_path
 from engine.outputs import FinishReason
-from engine.runner import choose_runner, llama_cpp_available
+from engine.runners.llamacpp import MAX_UBATCH
+from engine.runners.select import choose_runner, llama_cpp_available
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
