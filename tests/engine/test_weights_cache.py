@@ -1,4 +1,5 @@
-"""The converted-weights cache's bookkeeping (engine.loading.weights_cache), on a stand-in converter.
+"""The converted-weights cache's bookkeeping (engine.loading.weights_cache), on a stand-in
+converter.
 
 A fake .gguf (any bytes) and a converter that writes a small but well-formed entry keep
 these tests at milliseconds; tests/e2e/test_weights_cache_real.py converts the real default

@@ -10,9 +10,9 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.outputs import FinishReason
 from engine.runners.base import DecodeRow, PrefillWork
 from engine.runners.torch.model_runner import ModelRunner
-from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from specdecode.batch_expansion import expand, multi_token
 from specdecode.config import SpeculativeConfig

@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.runners.torch.attention import StaticDecode
-from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.config import EngineConfig
-from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.llm_engine import LLMEngine
 from engine.runners.base import DecodeRow, PrefillWork
+from engine.runners.torch.attention import StaticDecode
+from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
+from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.runners.torch.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig

@@ -1,8 +1,9 @@
-"""The CUDA path of the decode step (engine/runners/torch/compiled_step.py: one CUDA graph per bucket,
-rows padded up to it) on a tiny random model: captured steps give HF ``generate``'s greedy
-tokens for every row count, padded ones included, under preemption and with speculative
-rows in the graph; bf16 (the CUDA default) agrees with eager. These need a CUDA device:
-CI has none, and they run on a lent GPU machine (README, Performance)."""
+"""The CUDA path of the decode step (engine/runners/torch/compiled_step.py: one CUDA graph
+per bucket, rows padded up to it) on a tiny random model: captured steps give HF
+``generate``'s greedy tokens for every row count, padded ones included, under preemption
+and with speculative rows in the graph; bf16 (the CUDA default) agrees with eager. These
+need a CUDA device: CI has none, and they run on a lent GPU machine (README,
+Performance)."""
 
 from __future__ import annotations
 
