@@ -128,10 +128,22 @@ class AsyncEngine:
 
     # ---- requests -------------------------------------------------------------------
 
+    def check_queue(self) -> None:
+        """``QueueFullError`` when the waiting queue is full: the one place its bound
+        (``max_waiting``) is decided, on the event loop from counts the engine thread
+        publishes (never on the engine thread, which may be inside a seconds-long step).
+        Cheap, so a server asks before any costly work (tokenizing, compiling a grammar)
+        for a call that cannot run; ``_admit`` asks too, for callers of this API."""
+        with self._lock:
+            full = self._waiting_snapshot + self._pending_adds >= self.config.max_waiting
+        if full:
+            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+
     def _admit(self, request_id: str | None, prompt_token_ids: list[int],
-               params: SamplingParams) -> tuple[str, int]:
-        """Checks shared by both entry points; returns the request id and its max new
-        tokens, and counts the request as pending until the engine thread takes it."""
+               params: SamplingParams) -> tuple[str, SamplingParams]:
+        """Checks shared by both entry points: the request id and its params as the engine
+        runs them (``LLMEngine.admit``); the request counts as pending (against the queue
+        bound) until the engine thread takes it."""
         if self._dead is not None:
             raise EngineDeadError(f"engine stopped: {self._dead}")
         if self._loop is None:
@@ -139,21 +151,19 @@ class AsyncEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._waiters:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        max_new = self.engine.check_request(prompt_token_ids, params)
+        self.check_queue()
+        admitted = self.engine.admit(prompt_token_ids, params)
         with self._lock:
-            if self._waiting_snapshot + self._pending_adds >= self.config.max_waiting:
-                raise QueueFullError(
-                    f"waiting queue is full ({self.config.max_waiting} requests)")
             self._pending_adds += 1
-        return request_id, max_new
+        return request_id, admitted
 
     async def generate(self, request_id: str | None, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; the last one has ``finished=True``."""
-        request_id, max_new = self._admit(request_id, prompt_token_ids, params)
+        request_id, params = self._admit(request_id, prompt_token_ids, params)
         queue: asyncio.Queue = asyncio.Queue()
         self._waiters[request_id] = queue
-        self._post(("add", (request_id, list(prompt_token_ids), params, max_new, None)))
+        self._post(("add", (request_id, list(prompt_token_ids), params, None)))
         finished = False
         later: RequestOutput | BaseException | None = None
         try:
@@ -187,14 +197,14 @@ class AsyncEngine:
         ``collector``: one made by the caller, who can then read its ``usage`` even when
         the call is cancelled (the engine thread fills it as steps come out).
         """
-        request_id, max_new = self._admit(request_id, prompt_token_ids, params)
+        request_id, params = self._admit(request_id, prompt_token_ids, params)
         if collector is None:
             collector = OutputCollector(request_id, params.n,
                                         Usage(prompt_tokens=len(prompt_token_ids)))
         assert self._loop is not None
         done: asyncio.Future = self._loop.create_future()
         self._waiters[request_id] = done
-        self._post(("add", (request_id, list(prompt_token_ids), params, max_new, collector)))
+        self._post(("add", (request_id, list(prompt_token_ids), params, collector)))
         try:
             return await done
         finally:
@@ -242,13 +252,13 @@ class AsyncEngine:
                 else:
                     self._collectors.pop(arg, None)
                 continue
-            request_id, prompt, params, max_new, collector = arg
+            request_id, prompt, params, collector = arg
             if request_id in self._waiters:  # else cancelled before it reached the engine
                 try:
-                    self.engine.add_request(request_id, prompt, params, max_new)
+                    self.engine.add_admitted(request_id, prompt, params)
                     if collector is not None:
                         self._collectors[request_id] = collector
-                except (ValueError, QueueFullError) as e:
+                except ValueError as e:
                     ready.append((request_id, e))
             with self._lock:
                 self._pending_adds -= 1

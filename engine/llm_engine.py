@@ -17,13 +17,13 @@ import time
 
 import torch
 
-from engine.config import EngineConfig, ModelInfo, QueueFullError
+from engine.config import EngineConfig, ModelInfo
 from engine.counter_rng import random_key, stream_key
 from engine.detokenizer import IncrementalDetokenizer
 from engine.logits_process import bind
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
 from engine.processors import ProcessorRunner, overlap_pays
-from engine.request_limits import check_request, past_time_limit
+from engine.request_limits import admit, past_time_limit
 from engine.runners.base import Runner
 from engine.runners.select import create_runner
 from engine.sampler import Sampler
@@ -72,10 +72,10 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """What only the engine knows (vocabulary, context, KV capacity); returns the
-        request's max new tokens. Callers check once, then ``add_request(..., max_new)``."""
-        return check_request(prompt_token_ids, params, self.info, self.scheduler.capacity)
+    def admit(self, prompt_token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """What only the engine knows (vocabulary, context, KV capacity): ``params`` as the
+        engine runs them (``request_limits.admit``), or ``RequestError``."""
+        return admit(prompt_token_ids, params, self.info, self.scheduler.capacity)
 
     def num_waiting_requests(self) -> int:
         return len({s.request.request_id for s in self.scheduler.waiting})
@@ -83,19 +83,22 @@ class LLMEngine:
     def backlog(self) -> int:
         """Waiting requests beyond the running seats free now (negative: seats to spare).
         Requests the next step takes at once (a burst arriving between two steps) do not
-        count against ``max_waiting``."""
+        count against ``max_waiting`` (``AsyncEngine`` bounds the queue by this)."""
         free = max(0, self.config.max_num_seqs - len(self.scheduler.running))
         return self.num_waiting_requests() - free
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams, max_new: int | None = None) -> Request:
-        """``max_new``: the result of an earlier ``check_request`` (None = check now)."""
+                    params: SamplingParams) -> Request:
+        """Admit (``admit``) and queue a request."""
+        return self.add_admitted(request_id, prompt_token_ids,
+                                 self.admit(prompt_token_ids, params))
+
+    def add_admitted(self, request_id: str, prompt_token_ids: list[int],
+                     params: SamplingParams) -> Request:
+        """Queue a request whose ``params`` came from ``admit`` (checked once, on the
+        caller's side, so a bad request never reaches the engine thread)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
-        if max_new is None:
-            max_new = self.check_request(prompt_token_ids, params)
-        if self.backlog() >= self.config.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
         req = Request(request_id, list(prompt_token_ids), params,
                       usage=Usage(prompt_tokens=len(prompt_token_ids)))
         if params.time_limit_s is not None:
@@ -108,7 +111,7 @@ class LLMEngine:
                                            params.skip_special_tokens)
             key = stream_key(params.seed, i) if params.seed is not None else random_key()
             seq = Sequence(next(self._seq_ids), req, i, req.prompt_token_ids,
-                           OutputState(params, detok, self._eos, max_new), sampling_key=key)
+                           OutputState(params, detok, self._eos), sampling_key=key)
             req.sequences.append(seq)
             try:
                 for p in params.logits_processors:  # one by one: _close releases what exists

@@ -35,7 +35,7 @@ class AppendResult:
 class OutputState:
     """Per-sequence output bookkeeping: token count, held-back text, stop conditions.
 
-    ``max_new_tokens`` is the limit after the engine clipped it to the context window.
+    ``params.max_new_tokens`` is the limit the engine admitted (clipped to the context).
     ``min_new_tokens``: the first ``min_new_tokens`` tokens never finish the sequence. The
     engine bans EOS and stop ids while sampling them, and a stop token or stop string
     arriving anyway is treated as ordinary text (stop strings only match if they end after
@@ -43,11 +43,10 @@ class OutputState:
     """
 
     def __init__(self, params: SamplingParams, detokenizer: IncrementalDetokenizer,
-                 eos_token_ids: set[int], max_new_tokens: int) -> None:
+                 eos_token_ids: set[int]) -> None:
         self.params = params
         self.detokenizer = detokenizer
         self.eos_token_ids = set(eos_token_ids)
-        self.max_new_tokens = max_new_tokens
         # The engine zeroes this when a processor (a grammar) can only end the output.
         self.min_new_tokens = params.min_new_tokens
         self.num_tokens = 0  # tokens kept so far
@@ -95,7 +94,7 @@ class OutputState:
                     end = pos + len(stop) if params.include_stop_sequence else pos
                     self.finish_reason = FinishReason.STOP_SEQUENCE
                     return AppendResult(kept, buf[sent:end], FinishReason.STOP_SEQUENCE, stop)
-            if self.num_tokens >= self.max_new_tokens:
+            if self.num_tokens >= params.max_new_tokens:
                 return self._end(kept, buf, sent, FinishReason.LENGTH)
 
         cut = max(sent, len(buf) - self._held_len(buf))

@@ -239,8 +239,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         return TokenTexts(self._live.tokenizer)
 
     async def _parse(self, req: pb.GenerateRequest, call: Call) -> ParsedRequest:
+        """The request in engine terms; a full queue refuses it first, before any of the
+        work (tokenizing, later compiling its grammar) it would cost."""
         if req.request_id or call.correlation_id:  # in the log even for an invalid request
             request_id_var.set(req.request_id or call.correlation_id)
+        self._live.check_queue()
         parsed = await off_loop_if(input_chars(req) > OFF_LOOP_CHARS, parse_request, req,
                                    self._live.tokenizer, self._live.info, self.limits,
                                    self.registry, call.correlation_id)

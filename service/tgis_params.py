@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import ModelInfo
+from engine.request_limits import context_room
 from engine.sampling_params import ParamError, SamplingParams
 from fmaas import generation_pb2 as tgis
 from service.validation import InvalidArgument, ServiceLimits, sampling_seed
@@ -145,15 +146,15 @@ def build_request(p: tgis.Parameters, text: str, tokenizer, info: ModelInfo,
     ids = tokenize_prompt(text, tokenizer, p.truncate_input_tokens)
     if not ids:
         raise InvalidArgument("text: the prompt is empty (it tokenizes to no tokens)")
-    n, ctx = len(ids), info.max_model_len
-    if n >= ctx:
+    n, ctx, room = len(ids), info.max_model_len, context_room(len(ids), info)
+    if room < 1:
         raise InvalidArgument(f"input tokens ({n}) plus prefix length (0) must be < {ctx}")
     stopping, decoding, resp = p.stopping, p.decoding, p.response
-    if n + stopping.min_new_tokens > ctx:
+    if stopping.min_new_tokens > room:
         raise InvalidArgument(f"input tokens ({n}) plus prefix length (0) plus min_new_tokens "
                               f"({stopping.min_new_tokens}) must be <= {ctx}")
     asked = stopping.max_new_tokens or limits.max_new_tokens
-    max_new = min(asked, ctx - n)
+    max_new = min(asked, room)
 
     processors: list = []
     if decoding.HasField("length_penalty"):

@@ -88,8 +88,10 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
 
     async def _requests(self, params: tgis.Parameters, texts: list[str], call: Call
                         ) -> list[tuple[TgisRequest, ParsedRequest]]:
-        """Every prompt checked before any runs: one bad prompt fails the call, as in TGIS."""
+        """Every prompt checked before any runs: one bad prompt fails the call, as in TGIS;
+        a full queue refuses the call first (``GenerationServicer._parse``)."""
         engine = self.native._live
+        engine.check_queue()
         limits = self.native.limits
         validate_params(params, limits)
         out = []

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.config import ModelInfo
+from engine.request_limits import context_room
 from engine.sampling_params import ParamError, SamplingParams
 from genserve.v1 import generation_pb2 as pb
 from service.limits import ServiceLimits
@@ -212,7 +213,7 @@ def _prompt_ids(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
         raise InvalidArgument(f"{kind} tokenizes to no tokens")
     if req.truncate_input_tokens and len(ids) > req.truncate_input_tokens:
         ids = ids[-req.truncate_input_tokens:]
-    if len(ids) >= info.max_model_len:
+    if context_room(len(ids), info) < 1:
         raise InvalidArgument(
             f"{kind}: the prompt has {len(ids)} tokens but max_model_len is "
             f"{info.max_model_len} (leave room for output, or set truncate_input_tokens)")
@@ -278,7 +279,7 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
             raise InvalidArgument(f"stopping.stop_token_ids[{i}] = {t} is outside the "
                                   f"vocabulary [0, {info.vocab_size})")
 
-    room = info.max_model_len - len(ids)
+    room = context_room(len(ids), info)
     if st.HasField("max_new_tokens"):
         max_new = st.max_new_tokens
         if max_new > limits.max_new_tokens:

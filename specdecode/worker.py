@@ -140,7 +140,7 @@ class SpecWorker:
         if pace.skip > 0:
             pace.skip -= 1
             return 0
-        left = seq.output.max_new_tokens - len(seq.output_token_ids)
+        left = seq.request.params.max_new_tokens - len(seq.output_token_ids)
         k = max(0, min(pace.k, left - 1))
         capped = worth_proposing(k, pace.alpha, self.target.row_cost)
         if capped or not k:

@@ -13,6 +13,19 @@ import torch
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
+def config_eos_ids(*configs: Any) -> set[int]:
+    """The EOS ids the configs name, united (``eos_token_id``: an int, a list or None):
+    what every runner reads from a model's config and generation config."""
+    ids: set[int] = set()
+    for config in configs:
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(eos)
+    return ids
+
+
 @dataclass
 class DecodeRow:
     """One query token at ``position`` attending to the first ``position + 1`` cache slots."""

@@ -36,7 +36,13 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loading.model_loader import ModelSource, hf_source, load_tokenizer, resolve_model
-from engine.runners.base import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork, WarmupReport
+from engine.runners.base import (
+    DEFAULT_MAX_MODEL_LEN,
+    DecodeRow,
+    PrefillWork,
+    WarmupReport,
+    config_eos_ids,
+)
 
 log = logging.getLogger(__name__)
 
@@ -443,14 +449,10 @@ def _config_eos_ids(source: ModelSource) -> set[int]:
 
     hf = hf_source(source)
     kwargs: dict[str, Any] = {"gguf_file": hf.gguf_file} if hf.gguf_file else {}
-    ids: set[int] = set()
+    configs = []
     for load in (GenerationConfig.from_pretrained, AutoConfig.from_pretrained):
         try:
-            eos = getattr(load(hf.directory, **kwargs), "eos_token_id", None)
+            configs.append(load(hf.directory, **kwargs))
         except (OSError, ValueError):  # no such file in the entry
             continue
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif eos:
-            ids.update(eos)
-    return ids
+    return config_eos_ids(*configs)

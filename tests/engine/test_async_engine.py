@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -231,6 +232,43 @@ def test_a_burst_fills_free_seats_before_the_queue_bound_applies(tiny_model_dir)
     results = asyncio.run(main())
     refused = [r for r in results if isinstance(r, QueueFullError)]
     assert len(refused) == 1, results
+
+
+def test_a_full_queue_refuses_at_once_while_the_engine_thread_is_in_a_step(tiny_model_dir):
+    """The bound is decided on the event loop from counts the engine thread publishes: a
+    refusal never waits for that thread (held here inside a step until the test lets it
+    go), and the admitted requests run once it goes on."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), max_num_seqs=1, max_waiting=1))
+    go_on = threading.Event()
+    step = engine.step
+
+    def held_step():
+        go_on.wait(30)
+        return step()
+
+    engine.step = held_step  # type: ignore[method-assign]
+    params = SamplingParams(max_new_tokens=3, min_new_tokens=3)
+
+    async def main() -> tuple[float, list]:
+        ae = AsyncEngine(engine)
+        ae.start()
+        running = asyncio.create_task(ae.complete("a", [5, 6, 7], params))
+        while "a" not in engine.requests:  # the engine thread took it, and is in its step
+            await asyncio.sleep(0.005)
+        waiting = asyncio.create_task(ae.complete("b", [5, 6, 8], params))
+        await asyncio.sleep(0)  # admitted: it waits for the seat
+        start = time.perf_counter()
+        with pytest.raises(QueueFullError, match="waiting queue is full"):
+            await ae.complete("c", [5, 6, 9], params)
+        took = time.perf_counter() - start
+        go_on.set()
+        done = await asyncio.gather(running, waiting)
+        await ae.shutdown()
+        return took, done
+
+    took, done = asyncio.run(main())
+    assert took < 0.05
+    assert [len(c.completions()[0].token_ids) for c in done] == [3, 3]
 
 
 def test_a_stream_consumer_behind_the_engine_gets_merged_outputs_with_every_token(

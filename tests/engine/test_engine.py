@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig, QueueFullError
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import Completion, FinishReason
 from engine.sampling_params import SamplingParams
@@ -161,7 +161,7 @@ def test_stop_sequence_and_max_tokens_are_reported(tiny_model_dir, prompt_ids, t
     assert c.text == text[:text.index(stop)]
 
 
-def test_invalid_requests_raise_value_error_and_queue_bound_raises(tiny_model_dir):
+def test_invalid_requests_raise_value_error(tiny_model_dir):
     engine = make_engine(tiny_model_dir, max_model_len=64, max_waiting=2, max_num_seqs=1)
     with pytest.raises(ValueError, match="empty"):
         engine.add_request("e", [], SamplingParams())
@@ -169,13 +169,38 @@ def test_invalid_requests_raise_value_error_and_queue_bound_raises(tiny_model_di
         engine.add_request("v", [10**7], SamplingParams())
     with pytest.raises(ValueError, match="context"):
         engine.add_request("l", [5] * 64, SamplingParams())
-    # the free seat takes one at the next step: only the two beyond it wait
-    for rid in ("q1", "q2", "q3"):
-        engine.add_request(rid, [5, 6], SamplingParams())
-    with pytest.raises(QueueFullError):
-        engine.add_request("q4", [5, 6], SamplingParams())
+    engine.add_request("q1", [5, 6], SamplingParams())
     with pytest.raises(ValueError, match="already"):
         engine.add_request("q1", [5, 6], SamplingParams())
+
+
+def test_the_queue_bound_is_not_the_synchronous_engines(tiny_model_dir):
+    """max_waiting is decided once, by AsyncEngine on the event loop (where a refusal is
+    quick); the step loop's engine queues what it is given."""
+    engine = make_engine(tiny_model_dir, max_model_len=64, max_waiting=1, max_num_seqs=1)
+    for rid in ("q1", "q2", "q3", "q4"):
+        engine.add_request(rid, [5, 6], SamplingParams())
+    assert engine.num_waiting_requests() == 4
+
+
+def test_max_new_tokens_is_decided_at_admission_into_the_params(tiny_model_dir):
+    """A request asking more than the context's room runs with min(asked, room), and its
+    params say so (everything downstream reads them); one within the room is unchanged."""
+    engine = make_engine(tiny_model_dir, max_model_len=64)
+    asked = SamplingParams(max_new_tokens=100, min_new_tokens=80, ignore_eos=True)
+    req = engine.add_request("long", [5] * 54, asked)
+    assert (req.params.max_new_tokens, req.params.min_new_tokens) == (10, 10)
+    assert (asked.max_new_tokens, asked.min_new_tokens) == (100, 80)  # the caller's, kept
+    within = SamplingParams(max_new_tokens=4)
+    assert engine.add_request("short", [5, 6], within).params is within
+    done = {"long": Completion(0), "short": Completion(0)}
+    while engine.has_work:
+        for out in engine.step():
+            for d in out.deltas:
+                done[out.request_id].add(d)
+    assert len(done["long"].token_ids) == 10
+    assert done["long"].finish_reason is FinishReason.LENGTH
+    assert 1 <= len(done["short"].token_ids) <= 4
 
 
 def test_logprobs_are_reported_for_every_token(tiny_model_dir, prompt_ids):

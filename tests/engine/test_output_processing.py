@@ -162,7 +162,7 @@ def make_state(tokenizer, max_new_tokens: int = 100, prompt: list[int] | None = 
                **params) -> OutputState:
     sp = SamplingParams(max_new_tokens=max_new_tokens, **params)
     detok = IncrementalDetokenizer(tokenizer, prompt or [], sp.skip_special_tokens)
-    return OutputState(sp, detok, {tokenizer.eos_token_id}, max_new_tokens)
+    return OutputState(sp, detok, {tokenizer.eos_token_id})
 
 
 def run(state: OutputState, chunks: list[list[int]]) -> AppendResult:

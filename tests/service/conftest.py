@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,16 @@ class RunningServer:
     @property
     def stats(self):
         return self.server.engine.stats()
+
+
+def wait_until(pred, timeout: float = 10.0) -> bool:
+    """Poll ``pred`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def new_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:

@@ -35,6 +35,7 @@ from engine.outputs import (
     TokenLogprob,
     Usage,
 )
+from engine.request_limits import context_room
 from engine.runners.base import WarmupReport
 from engine.sampling_params import SamplingParams
 
@@ -112,6 +113,11 @@ class FakeEngine:
 
     # ---- requests -------------------------------------------------------------------
 
+    def check_queue(self) -> None:
+        """QueueFullError when ``max_waiting`` requests wait (AsyncEngine.check_queue)."""
+        if len(self._waiting) >= self.config.max_waiting:
+            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         if not self.is_running:
@@ -122,11 +128,10 @@ class FakeEngine:
             raise RequestError("prompt", "the prompt is empty")
         if any(not 0 <= t < self.info.vocab_size for t in prompt_token_ids):
             raise RequestError("vocabulary", "a token id is outside the vocabulary")
-        if len(prompt_token_ids) >= self.info.max_model_len:
+        if context_room(len(prompt_token_ids), self.info) < 1:
             raise RequestError("context", f"the prompt has {len(prompt_token_ids)} tokens; "
                                f"the context is {self.info.max_model_len} tokens")
-        if len(self._waiting) >= self.config.max_waiting:
-            raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+        self.check_queue()
         seqs = [_Seq(j, [(p.create(), p) if is_factory(p) else (p, None)
                          for p in params.logits_processors]) for j in range(params.n)]
         req = _Request(request_id, list(prompt_token_ids), params, seqs, asyncio.Queue())

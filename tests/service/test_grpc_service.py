@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.server import GenServer, ServerConfig
-from tests.service.conftest import MAX_MODEL_LEN, new_loop, start_server, stop_server
+from tests.service.conftest import MAX_MODEL_LEN, new_loop, start_server, stop_server, wait_until
 
 Code = grpc.StatusCode
 
@@ -24,14 +24,6 @@ def req(prompt="Hello world", max_new=8, **kw) -> pb.GenerateRequest:
     stopping = kw.pop("stopping", pb.StoppingCriteria(max_new_tokens=max_new, ignore_eos=True))
     return pb.GenerateRequest(prompt=prompt, stopping=stopping, **kw)
 
-
-def wait_until(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _kv_freed(server) -> bool:

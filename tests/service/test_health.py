@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -13,20 +12,12 @@ from engine.config import EngineConfig
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.server import SERVICE_NAME, GenServer, ServerConfig
-from tests.service.conftest import new_loop
+from tests.service.conftest import new_loop, wait_until
 from tests.service.fake_engine import FakeEngine
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
-
-def wait_until(pred, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_watch_sees_warm_up_and_drain(tokenizer, tiny_model_dir):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
 import uuid
 
@@ -14,7 +13,7 @@ from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.metrics import Metrics
 from service.server import GenServer, ServerConfig
-from tests.service.conftest import start_server, stop_server
+from tests.service.conftest import start_server, stop_server, wait_until
 
 Code = grpc.StatusCode
 
@@ -31,14 +30,6 @@ def scrape(port: int) -> dict[tuple[str, frozenset], float]:
 def value(samples, name: str, **labels) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
 
-
-def wait_for(pred, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def req(prompt="Hello world", max_new=6, **kw) -> pb.GenerateRequest:
@@ -140,11 +131,11 @@ def test_deadline_and_cancel_are_counted(server, stub):
     def delta(name, **labels):
         return value(scrape(port), name, **labels) - value(before, name, **labels)
 
-    assert wait_for(lambda: delta("genserve_requests_total", rpc="Generate",
+    assert wait_until(lambda: delta("genserve_requests_total", rpc="Generate",
                                   code="DEADLINE_EXCEEDED") == 1)
-    assert wait_for(lambda: delta("genserve_requests_total", rpc="GenerateStream",
+    assert wait_until(lambda: delta("genserve_requests_total", rpc="GenerateStream",
                                   code="CANCELLED") == 1)
-    assert wait_for(lambda: value(scrape(port), "genserve_in_flight_requests") == 0)
+    assert wait_until(lambda: value(scrape(port), "genserve_in_flight_requests") == 0)
 
 
 def test_engine_gauges_follow_a_running_request(server, stub):
@@ -159,7 +150,7 @@ def test_engine_gauges_follow_a_running_request(server, stub):
         assert (name, frozenset()) in idle, name
     future = stub.Generate.future(req(max_new=240))
     try:
-        assert wait_for(lambda: value(scrape(port), "genserve_running_sequences") == 1)
+        assert wait_until(lambda: value(scrape(port), "genserve_running_sequences") == 1)
         busy = scrape(port)
         assert value(busy, "genserve_kv_cache_usage_ratio") > 0
         assert value(busy, "genserve_kv_cache_blocks_used") > 0
@@ -168,8 +159,8 @@ def test_engine_gauges_follow_a_running_request(server, stub):
         assert value(busy, "genserve_engine_requests") == 1
     finally:
         future.cancel()
-    assert wait_for(lambda: value(scrape(port), "genserve_running_sequences") == 0)
-    assert wait_for(lambda: value(scrape(port), "genserve_kv_cache_blocks_used") == 0)
+    assert wait_until(lambda: value(scrape(port), "genserve_running_sequences") == 0)
+    assert wait_until(lambda: value(scrape(port), "genserve_kv_cache_blocks_used") == 0)
 
 
 def test_structured_compile_time_and_cache_hits(server, stub):
@@ -239,7 +230,7 @@ def test_metrics_answer_while_the_model_loads():
             pb_grpc.GenerationServiceStub(ch).Generate(req())
         assert e.value.code() == Code.UNAVAILABLE
         # the client can see the status a moment before the server's call bookkeeping ends
-        assert wait_for(lambda: value(scrape(server.metrics_port), "genserve_requests_total",
+        assert wait_until(lambda: value(scrape(server.metrics_port), "genserve_requests_total",
                                       rpc="Generate", code="UNAVAILABLE") == 1)
         samples = scrape(server.metrics_port)
         assert ("genserve_running_sequences", frozenset()) not in samples

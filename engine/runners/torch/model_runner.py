@@ -14,7 +14,13 @@ from engine.loading.model_loader import (
     resolve_dtype,
     resolve_model,
 )
-from engine.runners.base import DEFAULT_MAX_MODEL_LEN, DecodeRow, PrefillWork, WarmupReport
+from engine.runners.base import (
+    DEFAULT_MAX_MODEL_LEN,
+    DecodeRow,
+    PrefillWork,
+    WarmupReport,
+    config_eos_ids,
+)
 from engine.runners.torch.attention import (
     ATTN_NAME,
     AttentionMetadata,
@@ -112,13 +118,7 @@ class ModelRunner:
         check_probe(self.model.config, probe.layers)
 
     def eos_token_ids(self) -> list[int]:
-        ids: set[int] = set()
-        for src in (self.model.generation_config, self.model.config):
-            eos = getattr(src, "eos_token_id", None)
-            if isinstance(eos, int):
-                ids.add(eos)
-            elif eos:
-                ids.update(eos)
+        ids = config_eos_ids(self.model.generation_config, self.model.config)
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return sorted(ids)
