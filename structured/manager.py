@@ -166,8 +166,9 @@ class StructuredOutputs:
         if backend is None:
             raise ValueError(f"{prefix}backend: unknown backend {spec.backend!r}")
         if spec.kind not in backend.kinds:
-            raise ValueError(f"{prefix}backend: {backend.name} does not support kind "
-                             f"{spec.kind!r} (it supports {sorted(backend.kinds)})")
+            raise ValueError(f"{prefix.rstrip('.') or 'guided'}: backend {backend.name} does "
+                             f"not support kind {spec.kind!r} (it supports "
+                             f"{sorted(backend.kinds)})")
         return spec
 
     def _cached(self, spec: StructuredSpec) -> Future:

@@ -111,9 +111,9 @@ def test_compile_cache_reuses_one_factory(server, stub, monkeypatch):
     built: list[str] = []  # counted per spec: background accelerations may run meanwhile
     build = so._build
 
-    def counting(backend, spec, *args):
+    def counting(spec):
         built.append(spec.value)
-        return build(backend, spec, *args)
+        return build(spec)
 
     monkeypatch.setattr(so, "_build", counting)
     hits = so.stats.cache_hits
