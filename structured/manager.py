@@ -26,7 +26,9 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -220,43 +222,48 @@ class StructuredOutputs:
         """The named backend; AUTO: llguidance, else xgrammar in a worker, the first that
         can enforce the spec. A spec that llguidance finds wrong in itself is refused
         whichever backend is asked (except an EBNF grammar: ours is xgrammar's dialect)."""
-        if spec.backend != AUTO:
-            return self._compile(spec.backend, spec)
-        try:
-            return self._compile(LLGUIDANCE, spec)
-        except UnsupportedSpec as e:
-            why = f"{LLGUIDANCE}: {e}"
-        except ValueError as e:
-            if spec.kind != "grammar":  # wrong in itself: no other backend may serve it
-                raise ValueError(f"{LLGUIDANCE}: {e}") from None
-            why = f"{LLGUIDANCE}: {e}"
-        try:
-            return self._compile(XGRAMMAR, spec)
-        except ValueError as e:
-            kind = CompileAborted if isinstance(e, CompileAborted) else ValueError
-            raise kind(f"{why}; {XGRAMMAR}: {e}") from None
+        auto = spec.backend == AUTO
+        why = ""
+        for backend in (LLGUIDANCE, XGRAMMAR) if auto else (spec.backend,):
+            try:
+                return self._compile(backend, spec)
+            except ValueError as e:
+                if not auto:
+                    raise
+                failed = f"{why}; " if why else ""
+                why = f"{failed}{backend}: {e}"
+                wrong_in_itself = not isinstance(e, UnsupportedSpec) and spec.kind != "grammar"
+                if backend == XGRAMMAR or wrong_in_itself:  # no other backend may serve it
+                    kind = CompileAborted if isinstance(e, CompileAborted) else ValueError
+                    raise kind(why) from None
+        raise AssertionError("unreachable: the last backend raised or returned")
 
     def _compile(self, backend: str, spec: StructuredSpec, timeout_s: float | None = None,
                  workers: CompileWorkers | None = None) -> GrammarFactory:
         """Compile ``spec`` with ``backend`` (blocking), timed and counted."""
-        timeout_s = timeout_s or self.config.compile_timeout_s
-        start = time.perf_counter()
         compiled: CompiledGrammar
         lenient: list[str] = []
-        ok = False
-        try:
+        with self._timed(backend):
             if backend == LLGUIDANCE:
                 llg = self.llguidance.compile(spec)
                 compiled, lenient = llg, llg.lenient_ignored
             else:
                 self.llguidance.refuse_invalid(spec)
-                payload = (workers or self.workers).run(backend, spec, timeout_s)
+                payload = (workers or self.workers).run(
+                    backend, spec, timeout_s or self.config.compile_timeout_s)
                 compiled = (self.xgrammar.deserialize(payload) if backend == XGRAMMAR
                             else self.lmfe.compile(spec))  # lmfe: proven bounded in a worker
+        return GrammarFactory.for_spec(compiled, self.vocab_size, backend, spec, lenient)
+
+    @contextmanager
+    def _timed(self, backend: str) -> Iterator[None]:
+        start = time.perf_counter()
+        ok = False
+        try:
+            yield
             ok = True
         finally:
             self._record(backend, time.perf_counter() - start, ok)
-        return GrammarFactory.for_spec(compiled, self.vocab_size, backend, spec, lenient)
 
     def _record(self, backend: str, seconds: float, ok: bool) -> None:
         with self._lock:
