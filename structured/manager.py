@@ -113,6 +113,9 @@ class StructuredOutputs:
                  ", ".join(self.backends))
         self._pool = ThreadPoolExecutor(self.config.compile_threads,
                                         thread_name_prefix="genserve-compile")
+        # Background upgrades wait on their one worker in a thread of their own: in the
+        # compile pool, a queue of them held every thread and starved requests' compiles.
+        self._upgrades = ThreadPoolExecutor(1, thread_name_prefix="genserve-accelerate")
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._lock = threading.Lock()  # stats, touched from compile threads
         self.stats = CompileStats(backends={name: BackendStats() for name in self.backends})
@@ -203,7 +206,7 @@ class StructuredOutputs:
                 or entry.future.result().backend != LLGUIDANCE):
             return
         entry.accelerating = True
-        self._pool.submit(self._accelerate, entry, spec)
+        self._upgrades.submit(self._accelerate, entry, spec)
 
     # ---- compiling (compile threads) --------------------------------------------------
 
@@ -291,4 +294,5 @@ class StructuredOutputs:
         if self.accelerator is not None:
             self.accelerator.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._upgrades.shutdown(wait=False, cancel_futures=True)
         self._tokenizer_dir.cleanup()
