@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.runners.base import WarmupReport
 from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError, RequestError
 from engine.logits_process import is_factory
 from engine.output_collector import OutputCollector, collect
@@ -36,6 +35,7 @@ from engine.outputs import (
     TokenLogprob,
     Usage,
 )
+from engine.runners.base import WarmupReport
 from engine.sampling_params import SamplingParams
 
 KV_BLOCKS_TOTAL = 4096
