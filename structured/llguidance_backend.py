@@ -126,7 +126,10 @@ class LLGuidanceGrammar:
         if self._valid(ids) != len(ids):
             return False  # consuming would leave the matcher in its error state
         # consume_token, unlike consume_tokens, takes the EOS that follows a stopped parser
-        return all(self.matcher.consume_token(t) for t in ids)
+        ok = all(self.matcher.consume_token(t) for t in ids)
+        if self.matcher.is_error():  # a limit the build's probe did not reach: say which
+            raise RuntimeError(f"llguidance: {first_line(self.matcher.get_error())}")
+        return ok
 
     def validate_tokens(self, ids: Sequence[int]) -> int:
         return self._valid(list(ids))

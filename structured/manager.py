@@ -5,8 +5,9 @@ for long.
 whitespace). AUTO, the default:
 
 1. llguidance, in-process: its grammars build lazily in milliseconds under its own fuel
-   limits. A JSON schema it cannot enforce strictly is retried ``lenient`` (the service
-   then validates the output against the schema).
+   limits, probed when the grammar is built (a spec past them goes to xgrammar at once,
+   every time). A JSON schema it cannot enforce strictly is retried ``lenient`` (the
+   engine then checks each finished output against the schema).
 2. xgrammar, when llguidance cannot enforce the spec: compiled in a worker process that is
    killed at the time or memory limit (``compile_worker``).
 3. A spec seen ``accelerate_after`` times is compiled with xgrammar in the background
