@@ -119,6 +119,8 @@ class LLMEngine:
             except Exception as e:  # a failing factory fails only this sequence
                 self._fail(seq, e)
                 continue
+            if any(b.check is not None for b in seq.processors):
+                seq.checked_text = []
             self.scheduler.add(seq)
         return req
 
@@ -266,8 +268,31 @@ class LLMEngine:
         if logprobs:
             delta.logprobs.extend(logprobs[:len(res.token_ids)])
         self._touched[seq.request.request_id] = seq.request
+        if seq.checked_text is not None:
+            seq.checked_text.append(res.text)
+        if res.finish_reason is FinishReason.EOS and seq.checked_text is not None:
+            problem = self._check_output(seq, "".join(seq.checked_text))
+            if problem is not None:
+                delta.rejected = True
+                self._close(seq, FinishReason.ERROR, None, problem)
+                return
         if res.finish_reason is not None:
             self._close(seq, res.finish_reason, res.stop_sequence, None)
+
+    @staticmethod
+    def _check_output(seq: Sequence, text: str) -> str | None:
+        """The first problem a processor's finished-output check finds in ``text``."""
+        for bound in seq.processors:
+            if bound.check is None:
+                continue
+            try:
+                problem = bound.check(text)
+            except Exception as e:  # a broken check: say so rather than pass the output
+                log.exception("request %s: an output check failed", seq.request.request_id)
+                problem = f"the output check failed: {type(e).__name__}: {e}"
+            if problem:
+                return problem
+        return None
 
     def _collect(self) -> list[RequestOutput]:
         outputs = []

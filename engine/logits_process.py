@@ -16,12 +16,17 @@ Two optional capabilities, found once per sequence (``bind``), never on the hot 
   all its rows at once (a grammar fills one token bitmask, possibly while the forward
   runs) and applies it to their logits in one call;
 - a product that is a *proposal validator* tells how many speculative proposals its state
-  allows (a grammar stepping through them), so the engine never scores an impossible one.
+  allows (a grammar stepping through them), so the engine never scores an impossible one;
+- a *checked* factory's ``check_output`` judges each of its sequences' finished text (a
+  grammar that enforces a JSON schema only in part): the engine runs it on an output that
+  ends at EOS and, if it names a problem, finishes the sequence with ERROR and that
+  message, its text kept and marked ``rejected`` (the request itself did not fail). So any
+  caller of the engine gets the check, not only the gRPC service.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
@@ -55,6 +60,14 @@ class BatchedProcessorFactory(LogitsProcessorFactory, Protocol):
         ...
 
 
+OutputCheck = Callable[[str], str | None]  # finished text -> None, or why it is not valid
+
+
+@runtime_checkable
+class CheckedFactory(LogitsProcessorFactory, Protocol):
+    check_output: OutputCheck | None  # None: nothing to check
+
+
 @runtime_checkable
 class ProposalValidator(Protocol):
     def validate_proposals(self, output_ids: Sequence[int], proposals: Sequence[int]) -> int:
@@ -70,6 +83,7 @@ class BoundProcessor:
     factory: LogitsProcessorFactory | None = None  # made ``processor`` for this sequence
     batched: BatchedProcessorFactory | None = None  # ``factory`` when it batches
     validator: ProposalValidator | None = None  # ``processor`` when it validates proposals
+    check: OutputCheck | None = None  # ``factory``'s check of the finished output
 
 
 def bind(entry: LogitsProcessor | LogitsProcessorFactory) -> BoundProcessor:
@@ -78,7 +92,8 @@ def bind(entry: LogitsProcessor | LogitsProcessorFactory) -> BoundProcessor:
         return BoundProcessor(entry, validator=_validator(entry))
     product = entry.create()
     batched = entry if isinstance(entry, BatchedProcessorFactory) else None
-    return BoundProcessor(product, entry, batched, _validator(product))
+    check = entry.check_output if isinstance(entry, CheckedFactory) else None
+    return BoundProcessor(product, entry, batched, _validator(product), check)
 
 
 def _validator(obj: object) -> ProposalValidator | None:

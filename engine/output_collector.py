@@ -83,6 +83,7 @@ class OutputCollector:
                 c.finish_reason = parts.last.finish_reason
                 c.stop_sequence = parts.last.stop_sequence
                 c.error = parts.last.error
+                c.rejected = parts.last.rejected
             out.append(c)
         return out
 

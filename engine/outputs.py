@@ -39,6 +39,9 @@ class CompletionDelta:
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
     error: str | None = None
+    # ERROR because the output failed its processor's finished-output check (the text is
+    # whole and the request did not fail), not because the engine or a processor failed
+    rejected: bool = False
 
     def add(self, delta: CompletionDelta) -> None:
         """Append a later delta of the same sequence."""
@@ -49,6 +52,7 @@ class CompletionDelta:
             self.finish_reason = delta.finish_reason
             self.stop_sequence = delta.stop_sequence
             self.error = delta.error
+            self.rejected = delta.rejected
 
 
 @dataclass

@@ -41,6 +41,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None
     pending: CompletionDelta | None = None  # output produced since the last RequestOutput
+    # the emitted text, kept only while a processor will check the finished output
+    checked_text: list[str] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -163,19 +163,6 @@ def _usage_pb(u: Usage) -> pb.Usage:
                     spec_accepted_tokens=u.spec_accepted_tokens)
 
 
-def check_structured(parsed: ParsedRequest, c: CompletionDelta, text: str) -> None:
-    """A JSON output whose grammar enforced its schema only in part (lenient llguidance,
-    xgrammar's corners) is checked once it ends at EOS; one that fails the check is
-    reported as such: finish reason ERROR with the reason, its text kept."""
-    if (c.finish_reason is not FinishReason.EOS or parsed.grammar is None
-            or parsed.grammar.check_output is None):
-        return
-    problem = parsed.grammar.check_output(text)
-    if problem:
-        c.finish_reason = FinishReason.ERROR
-        c.error = f"structured_output: {problem}"
-
-
 def _completion_pb(c: Completion, want_ids: bool, texts: TokenTexts) -> pb.Completion:
     return pb.Completion(
         index=c.index, text=c.text, token_ids=c.token_ids if want_ids else [],
@@ -325,10 +312,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         if parsed.structured is None:
             return
         if self.structured is None:
-            raise InvalidArgument("structured_output: structured output is disabled on this "
-                                  "server")
+            raise InvalidArgument(f"{parsed.structured_prefix.rstrip('.') or 'guided'}: "
+                                  "structured output is disabled on this server")
         try:
-            factory = await self.structured.factory(parsed.structured)
+            factory = await self.structured.factory(parsed.structured,
+                                                    parsed.structured_prefix)
         except ValueError as e:  # InvalidArgument: the backends' reasons, made readable
             raise InvalidArgument(clean_backend_message(str(e))) from None
         parsed.params.logits_processors.append(factory)
@@ -356,11 +344,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
         collector = await self.complete(parsed, call)
         completions = collector.completions()
-        errors = [c.error for c in completions if c.finish_reason is FinishReason.ERROR]
+        # an output that failed its structured-output check is an answer, not a failure
+        errors = [c.error for c in completions
+                  if c.finish_reason is FinishReason.ERROR and not c.rejected]
         if errors:
             raise RequestFailed(grpc.StatusCode.INTERNAL, errors[0] or "generation failed")
-        for c in completions:
-            check_structured(parsed, c, c.text)
         texts = self.texts
         return pb.GenerateResponse(
             request_id=parsed.request_id,
@@ -436,17 +424,11 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             error: str | None = None
             texts = self.texts
             first = True
-            so_far: dict[int, list[str]] = {}  # each completion's text, for the schema check
             async with aclosing(self.stream(parsed, call)) as stream:
                 async for out in stream:
-                    for d in out.deltas:
-                        if d.finish_reason is FinishReason.ERROR:  # the engine's: INTERNAL
+                    for d in out.deltas:  # the engine's failure: INTERNAL at the end
+                        if d.finish_reason is FinishReason.ERROR and not d.rejected:
                             error = error or d.error
-                    if parsed.grammar is not None and parsed.grammar.check_output:
-                        for d in out.deltas:
-                            so_far.setdefault(d.index, []).append(d.text)
-                            if d.finish_reason is not None:
-                                check_structured(parsed, d, "".join(so_far[d.index]))
                     msgs = [self._delta_pb(parsed, d, texts) for d in out.deltas]
                     if first and (parsed.seed is not None or out.prompt_logprobs):
                         if not msgs:

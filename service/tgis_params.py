@@ -17,13 +17,14 @@ from engine.config import ModelInfo
 from engine.request_limits import context_room
 from engine.sampling_params import ParamError, SamplingParams
 from fmaas import generation_pb2 as tgis
-from service.validation import InvalidArgument, ServiceLimits, sampling_seed
+from service.validation import InvalidArgument, ServiceLimits, parse_structured, sampling_seed
 from structured.spec import AUTO, StructuredSpec
 
 MAX_TOP_N_TOKENS = 10
 MAX_STOP_SEQS = 6
 MAX_STOP_SEQ_LENGTH = 240
 MIN_TEMPERATURE = 0.05
+TGIS_STRUCTURED_PREFIX = ""  # TGIS names its fields bare: "choice.choices", "json_schema"
 
 
 @dataclass
@@ -114,6 +115,7 @@ def validate_params(p: tgis.Parameters, limits: ServiceLimits) -> None:
 
 
 def guided_spec(decoding: tgis.DecodingParameters) -> StructuredSpec | None:
+    """TGIS's ``guided`` oneof, checked by the native API's ``parse_structured``."""
     kind = decoding.WhichOneof("guided")
     if kind is None:
         return None
@@ -122,16 +124,9 @@ def guided_spec(decoding: tgis.DecodingParameters) -> StructuredSpec | None:
             return None
         if decoding.format != tgis.DecodingParameters.JSON:
             raise InvalidArgument(f"format: unknown response format {decoding.format}")
-        return StructuredSpec("json_object", "", AUTO)
-    if kind == "choice":
-        choices = tuple(decoding.choice.choices)
-        if not choices or not all(choices):
-            raise InvalidArgument("choice.choices must be non-empty strings")
-        return StructuredSpec("choice", choices, AUTO)
-    text: str = getattr(decoding, kind)
-    if not text.strip():
-        raise InvalidArgument(f"{kind} must not be empty")
-    return StructuredSpec(kind, text, AUTO)
+        return parse_structured("json_object", "", AUTO, "", TGIS_STRUCTURED_PREFIX)
+    value = tuple(decoding.choice.choices) if kind == "choice" else getattr(decoding, kind)
+    return parse_structured(kind, value, AUTO, "", TGIS_STRUCTURED_PREFIX)
 
 
 def tokenize_prompt(text: str, tokenizer, truncate: int) -> list[int]:

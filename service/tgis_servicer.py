@@ -20,10 +20,10 @@ from service.servicer import (
     Call,
     GenerationServicer,
     TokenTexts,
-    check_structured,
     off_loop_if,
 )
 from service.tgis_params import (
+    TGIS_STRUCTURED_PREFIX,
     TgisOptions,
     TgisRequest,
     build_request,
@@ -107,7 +107,8 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             rid, engine_id = new_request_id(f"{base}-{i}" if base and len(texts) > 1 else base)
             self.native.started(rid, call)
             out.append((r, ParsedRequest(rid, engine_id, r.prompt_token_ids, r.params,
-                                         pb.OutputOptions(), r.structured)))
+                                         pb.OutputOptions(), r.structured,
+                                         structured_prefix=TGIS_STRUCTURED_PREFIX)))
         return out
 
     def _input_details(self, r: TgisRequest, parsed: ParsedRequest,
@@ -168,7 +169,6 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             async def one(r: TgisRequest, parsed: ParsedRequest) -> tgis.GenerationResponse:
                 collector = await self.native.complete(parsed, call)
                 completion = collector.completions()[0]
-                check_structured(parsed, completion, completion.text)  # stop reason ERROR
                 return self._response(r, parsed, completion, options, infos,
                                       collector.prompt_logprobs)
 
@@ -188,7 +188,6 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             infos = TokenInfos(options, self.native.texts)
             generated = 0
             first = True
-            text: list[str] = []  # for the schema check of a leniently served grammar
             async with aclosing(self.native.stream(parsed, call)) as stream:
                 async for out in stream:
                     if first:  # input details, once the prompt (and its logprobs) is done
@@ -198,9 +197,6 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
                         first = False
                     for d in out.deltas:
                         generated += len(d.token_ids)
-                        text.append(d.text)
-                        if d.finish_reason is not None:
-                            check_structured(parsed, d, "".join(text))
                         if not d.token_ids and not d.text and d.finish_reason is None:
                             continue
                         stop, sequence = self._stop(r, d.finish_reason, d.stop_sequence,

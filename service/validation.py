@@ -84,6 +84,7 @@ class ParsedRequest:
     params: SamplingParams
     output: pb.OutputOptions
     structured: StructuredSpec | None = None
+    structured_prefix: str = "structured_output."  # how the API names its fields in errors
     grammar: GrammarFactory | None = None  # set once the structured spec is compiled
 
     @property
@@ -137,6 +138,7 @@ _WHITESPACE = {
 
 
 def structured_spec(so: pb.StructuredOutput) -> StructuredSpec | None:
+    """The native API's ``structured_output``, checked by ``parse_structured``."""
     kind = so.WhichOneof("kind")
     if kind is None:
         return None
@@ -144,22 +146,33 @@ def structured_spec(so: pb.StructuredOutput) -> StructuredSpec | None:
         raise InvalidArgument(f"structured_output.backend: unknown value {so.backend}")
     if so.whitespace not in _WHITESPACE:
         raise InvalidArgument(f"structured_output.whitespace: unknown value {so.whitespace}")
+    if kind == "json_object" and not so.json_object:
+        raise InvalidArgument("structured_output.json_object must be true when set")
+    value = (tuple(so.choice.choices) if kind == "choice" else
+             "" if kind == "json_object" else getattr(so, kind))
+    return parse_structured(kind, value, _BACKENDS[so.backend], _WHITESPACE[so.whitespace],
+                            "structured_output.")
+
+
+def parse_structured(kind: str, value: str | tuple[str, ...], backend: str,
+                     whitespace: str, prefix: str) -> StructuredSpec:
+    """The one check of a structured-output request, whichever API it came through: the
+    limits are the same for all; messages name the field with the API's ``prefix``
+    (``structured_output.`` natively, none for TGIS). The spec's size is the compile
+    manager's to bound (``--structured-max-spec-bytes``)."""
     if kind == "choice":
-        value: str | tuple[str, ...] = tuple(so.choice.choices)
+        assert isinstance(value, tuple)
         if not value or not all(value):
-            raise InvalidArgument("structured_output.choice.choices must be non-empty strings")
-    elif kind == "json_object":
-        if not so.json_object:
-            raise InvalidArgument("structured_output.json_object must be true when set")
-        value = ""
-    else:
-        text: str = getattr(so, kind)
-        if not text.strip():
-            raise InvalidArgument(f"structured_output.{kind} must not be empty")
-        if kind == "json_schema":
-            check_json_depth(text, "structured_output.json_schema")
-        value = text
-    return StructuredSpec(kind, value, _BACKENDS[so.backend], _WHITESPACE[so.whitespace])
+            raise InvalidArgument(f"{prefix}choice.choices must be non-empty strings")
+        return StructuredSpec(kind, value, backend, whitespace)
+    if kind == "json_object":
+        return StructuredSpec(kind, "", backend, whitespace)
+    assert isinstance(value, str)
+    if not value.strip():
+        raise InvalidArgument(f"{prefix}{kind} must not be empty")
+    if kind == "json_schema":
+        check_json_depth(value, f"{prefix}json_schema")
+    return StructuredSpec(kind, value, backend, whitespace)
 
 
 # Which message of the proto a SamplingParams field lives in, for error messages.

@@ -2,7 +2,7 @@
 
 Its transformers integration does not import with transformers 5, so the tokenizer data
 is built here, once per model. Supports JSON schema / object, regex and choice (as a
-regex alternation); EBNF grammars are xgrammar's alone. lmfe's ``TokenEnforcer`` is not
+union of literals); EBNF grammars are xgrammar's alone. lmfe's ``TokenEnforcer`` is not
 used per sequence: the same parsers and walk run here with much less work per step (see
 the comment above ``state_signature``); the masks are bit-for-bit lmfe's.
 """
@@ -95,6 +95,59 @@ def without_self_keys(node):
         else:
             out[key] = without_self_keys(value)
     return out
+
+
+class TokenTexts:
+    """Which text lm-format-enforcer can write with this tokenizer. It walks a tree of
+    whole-character token texts, so a character that only byte pieces spell (``日``,
+    ``🙂``, a lone combining accent U+0301) can never be written: a spec that needs one
+    is refused up front instead of failing on its first token."""
+
+    def __init__(self, data: TokenEnforcerTokenizerData) -> None:
+        texts = {text for _, text, _ in data.regular_tokens if "\ufffd" not in text}
+        self.texts = texts
+        self.longest = max(map(len, texts), default=1)
+        self.starts = {text[0] for text in texts if text}
+
+    def unwritable(self, text: str) -> str | None:
+        """The first character of ``text`` no sequence of token texts reaches, if any."""
+        if text.isascii():
+            return None
+        reached = [True] + [False] * len(text)
+        for i in range(len(text)):
+            if not reached[i]:
+                continue
+            for j in range(i + 1, min(len(text), i + self.longest) + 1):
+                if text[i:j] in self.texts:
+                    reached[j] = True
+        if reached[-1]:
+            return None
+        last = max(i for i, ok in enumerate(reached) if ok)
+        return text[last]
+
+    def unstartable(self, text: str) -> str | None:
+        """A non-ASCII character of ``text`` that no token text starts with, if any."""
+        return next((ch for ch in text if not ch.isascii() and ch not in self.starts), None)
+
+
+def literal_strings(schema) -> list[str]:
+    """The strings a JSON schema makes the output spell (enum and const values)."""
+    found: list[str] = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("enum", "const"):
+                    values = value if isinstance(value, list) else [value]
+                    found.extend(v for v in values if isinstance(v, str))
+                elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                    stack.extend(value.values())
+                elif key not in ("default", "examples", "description", "title"):
+                    stack.append(value)
+    return found
 
 
 def whitespace_limit(mode: str, max_whitespace: int) -> int:
@@ -539,6 +592,22 @@ class LMFEBackend:
         self.vocab_size = vocab_size
         self.max_whitespace = max_whitespace
         self.shared = LMFETokens(self.data, self.eos_token_ids, vocab_size, MASK_CACHE_BYTES)
+        self.token_texts = TokenTexts(self.data)
+
+    def _refuse_unwritable(self, spec: StructuredSpec, schema=None) -> None:
+        texts = self.token_texts
+        if spec.kind == "choice" or schema is not None:
+            literals = spec.value if spec.kind == "choice" else literal_strings(schema)
+            bad = next(filter(None, map(texts.unwritable, literals)), None)
+        elif spec.kind == "regex":
+            assert isinstance(spec.value, str)
+            bad = texts.unstartable(spec.value)
+        else:
+            bad = None
+        if bad is not None:
+            raise ValueError(f"{self.name} cannot write {bad!r} (U+{ord(bad):04X}): this "
+                             "tokenizer spells it only in byte pieces, which lm-format-enforcer "
+                             "cannot join; use llguidance, xgrammar or auto")
 
     def compile(self, spec: StructuredSpec) -> LMFECompiled:
         try:
@@ -551,15 +620,20 @@ class LMFEBackend:
                 if unenforced:
                     raise ValueError(f"{self.name} cannot enforce {sorted(unenforced)}; use "
                                      "xgrammar (or auto) for this schema")
+                self._refuse_unwritable(spec, schema)
                 parser: CharacterLevelParser = JsonSchemaParser(without_self_keys(schema))
             elif spec.kind == "json_object":
                 parser = JsonSchemaParser({"type": "object"})
             elif spec.kind == "regex":
                 assert isinstance(spec.value, str)
                 re.compile(spec.value)
+                self._refuse_unwritable(spec)
                 parser = RegexParser(spec.value)
             elif spec.kind == "choice":
-                parser = RegexParser("|".join(re.escape(c) for c in spec.value))
+                self._refuse_unwritable(spec)
+                # literal parsers, not a regex alternation: interegular's FSM of 2,000
+                # choices takes seconds to build, these take none
+                parser = UnionParser([StringParser(c) for c in spec.value])
             else:
                 raise ValueError(f"{self.name} does not support kind {spec.kind!r}")
         except json.JSONDecodeError as e:

@@ -5,8 +5,9 @@ for long.
 whitespace). AUTO, the default:
 
 1. llguidance, in-process: its grammars build lazily in milliseconds under its own fuel
-   limits. A JSON schema it cannot enforce strictly is retried ``lenient`` (the service
-   then validates the output against the schema).
+   limits, probed when the grammar is built (a spec past them goes to xgrammar at once,
+   every time). A JSON schema it cannot enforce strictly is retried ``lenient`` (the
+   engine then checks each finished output against the schema).
 2. xgrammar, when llguidance cannot enforce the spec: compiled in a worker process that is
    killed at the time or memory limit (``compile_worker``).
 3. A spec seen ``accelerate_after`` times is compiled with xgrammar in the background
@@ -26,7 +27,9 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -35,7 +38,6 @@ from structured.config import StructuredConfig
 from structured.grammar import CompiledGrammar, StructuredBackend
 from structured.llguidance_backend import LLGuidanceBackend, UnsupportedSpec
 from structured.lmfe_backend import LMFEBackend
-from structured.output_check import schema_checker
 from structured.processor import GrammarFactory
 from structured.spec import (
     AUTO,
@@ -79,8 +81,8 @@ class CompileStats:
 
 
 @dataclass
-class _AutoEntry:
-    """AUTO's choice for one spec, and its background upgrade to xgrammar."""
+class _Entry:
+    """One cached compile; for AUTO, also its background upgrade to xgrammar."""
     future: Future
     requests: int = 0
     accelerating: bool = False
@@ -112,8 +114,10 @@ class StructuredOutputs:
                  ", ".join(self.backends))
         self._pool = ThreadPoolExecutor(self.config.compile_threads,
                                         thread_name_prefix="genserve-compile")
-        self._cache: OrderedDict[tuple, Future] = OrderedDict()
-        self._auto: OrderedDict[tuple, _AutoEntry] = OrderedDict()
+        # Background upgrades wait on their one worker in a thread of their own: in the
+        # compile pool, a queue of them held every thread and starved requests' compiles.
+        self._upgrades = ThreadPoolExecutor(1, thread_name_prefix="genserve-accelerate")
+        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._lock = threading.Lock()  # stats, touched from compile threads
         self.stats = CompileStats(backends={name: BackendStats() for name in self.backends})
         self.observers: list[CompileObserver] = []
@@ -128,44 +132,142 @@ class StructuredOutputs:
     def kinds(self) -> dict[str, list[str]]:
         return {name: sorted(b.kinds) for name, b in self.backends.items()}
 
+    # ---- the request's way in (event loop) ---------------------------------------------
+
+    async def factory(self, spec: StructuredSpec, prefix: str = "structured_output."
+                      ) -> GrammarFactory:
+        """The spec's shared factory, compiled once. Errors are ValueErrors naming the
+        request's field with the API's ``prefix``."""
+        spec = self._checked(spec, prefix)
+        fut = self._cached(spec)
+        try:
+            # shield: one caller's cancellation must not cancel a compile others await;
+            # the workers enforce the time limit, this only bounds a wedged thread.
+            factory = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)),
+                                             self.config.compile_timeout_s + 30)
+        except TimeoutError:
+            raise ValueError(f"{prefix}{spec.kind}: compiling took too long") from None
+        except ValueError as e:
+            where = "" if spec.backend == AUTO else f"{spec.backend}: "
+            raise ValueError(f"{prefix}{spec.kind} is invalid: {where}{e}") from None
+        with self._lock:
+            self.stats.backends[factory.backend].requests += 1
+        self._notify("on_served", factory.backend)
+        return factory
+
+    def _checked(self, spec: StructuredSpec, prefix: str) -> StructuredSpec:
+        """The spec with the server's default whitespace, once within the server's limits
+        and supported by the backend it names."""
+        if not spec.whitespace:
+            spec = replace(spec, whitespace=self.config.default_whitespace)
+        if spec.whitespace not in WHITESPACE_MODES:
+            raise ValueError(f"{prefix}whitespace: unknown mode {spec.whitespace!r} "
+                             f"(one of {', '.join(WHITESPACE_MODES)})")
+        if spec.size > self.config.max_spec_bytes:
+            raise ValueError(f"{prefix}{spec.kind} is {spec.size} bytes; the limit is "
+                             f"{self.config.max_spec_bytes}")
+        if spec.backend == AUTO:
+            return spec
+        backend = self.backends.get(spec.backend)
+        if backend is None:
+            raise ValueError(f"{prefix}backend: unknown backend {spec.backend!r}")
+        if spec.kind not in backend.kinds:
+            raise ValueError(f"{prefix.rstrip('.') or 'guided'}: backend {backend.name} does "
+                             f"not support kind {spec.kind!r} (it supports "
+                             f"{sorted(backend.kinds)})")
+        return spec
+
+    def _cached(self, spec: StructuredSpec) -> Future:
+        """The compile of (backend or AUTO, spec): started once, its verdict kept."""
+        key = (spec.backend, spec.kind, spec.value, spec.whitespace)
+        entry = self._cache.get(key)
+        if entry is not None and entry.future.done() and isinstance(
+                entry.future.exception(), CompileAborted):
+            entry = None  # no verdict (shutdown, a dead worker): compile again
+        self._notify("on_cache_lookup", spec.backend, entry is not None)
+        if entry is None:
+            entry = self._cache[key] = _Entry(self._pool.submit(self._build, spec))
+            while len(self._cache) > self.config.cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self.stats.cache_hits += 1
+            self._cache.move_to_end(key)
+        entry.requests += 1
+        if spec.backend == AUTO:
+            self._maybe_accelerate(entry, spec)
+        return entry.future
+
+    def _maybe_accelerate(self, entry: _Entry, spec: StructuredSpec) -> None:
+        """A spec llguidance serves and clients keep sending: build it with xgrammar in the
+        background (lowest priority, long time limit); once ready, it serves new
+        sequences (the sequences already running keep their llguidance grammar)."""
+        if (self.accelerator is None or entry.accelerating
+                or entry.requests < self.config.accelerate_after
+                or not entry.future.done() or entry.future.exception() is not None
+                or entry.future.result().backend != LLGUIDANCE):
+            return
+        entry.accelerating = True
+        self._upgrades.submit(self._accelerate, entry, spec)
+
     # ---- compiling (compile threads) --------------------------------------------------
 
-    def _build(self, backend: str, spec: StructuredSpec, timeout_s: float | None = None,
-               workers: CompileWorkers | None = None) -> GrammarFactory:
+    def _accelerate(self, entry: _Entry, spec: StructuredSpec) -> None:
+        try:
+            factory = self._compile(XGRAMMAR, spec, self.config.accelerate_timeout_s,
+                                    self.accelerator)
+        except ValueError as e:
+            log.info("xgrammar could not accelerate a %s spec: %s", spec.kind, e)
+            return
+        done: Future = Future()
+        done.set_result(factory)
+        entry.future = done  # a plain swap: readers see the old or the new factory
+
+    def _build(self, spec: StructuredSpec) -> GrammarFactory:
+        """The named backend; AUTO: llguidance, else xgrammar in a worker, the first that
+        can enforce the spec. A spec that llguidance finds wrong in itself is refused
+        whichever backend is asked (except an EBNF grammar: ours is xgrammar's dialect)."""
+        auto = spec.backend == AUTO
+        why = ""
+        for backend in (LLGUIDANCE, XGRAMMAR) if auto else (spec.backend,):
+            try:
+                return self._compile(backend, spec)
+            except ValueError as e:
+                if not auto:
+                    raise
+                failed = f"{why}; " if why else ""
+                why = f"{failed}{backend}: {e}"
+                wrong_in_itself = not isinstance(e, UnsupportedSpec) and spec.kind != "grammar"
+                if backend == XGRAMMAR or wrong_in_itself:  # no other backend may serve it
+                    kind = CompileAborted if isinstance(e, CompileAborted) else ValueError
+                    raise kind(why) from None
+        raise AssertionError("unreachable: the last backend raised or returned")
+
+    def _compile(self, backend: str, spec: StructuredSpec, timeout_s: float | None = None,
+                 workers: CompileWorkers | None = None) -> GrammarFactory:
         """Compile ``spec`` with ``backend`` (blocking), timed and counted."""
-        timeout_s = timeout_s or self.config.compile_timeout_s
-        start = time.perf_counter()
         compiled: CompiledGrammar
         lenient: list[str] = []
-        try:
+        with self._timed(backend):
             if backend == LLGUIDANCE:
                 llg = self.llguidance.compile(spec)
                 compiled, lenient = llg, llg.lenient_ignored
-            elif backend == XGRAMMAR:
-                self._check_spec(spec)
-                payload = (workers or self.workers).run(XGRAMMAR, spec, timeout_s)
-                compiled = self.xgrammar.deserialize(payload)
             else:
-                self._check_spec(spec)
-                self.workers.run(LM_FORMAT_ENFORCER, spec, timeout_s)  # proven bounded
-                compiled = self.lmfe.compile(spec)
-        except BaseException:
-            self._record(backend, time.perf_counter() - start, ok=False)
-            raise
-        self._record(backend, time.perf_counter() - start, ok=True)
-        check = (schema_checker(spec, backend, lenient)
-                 if spec.kind == "json_schema" and backend != LM_FORMAT_ENFORCER else None)
-        return GrammarFactory(compiled, self.vocab_size, backend, check, lenient=bool(lenient))
+                self.llguidance.refuse_invalid(spec)
+                payload = (workers or self.workers).run(
+                    backend, spec, timeout_s or self.config.compile_timeout_s)
+                compiled = (self.xgrammar.deserialize(payload) if backend == XGRAMMAR
+                            else self.lmfe.compile(spec))  # lmfe: proven bounded in a worker
+        return GrammarFactory.for_spec(compiled, self.vocab_size, backend, spec, lenient)
 
-    def _check_spec(self, spec: StructuredSpec) -> None:
-        """Refuse a spec that is wrong in itself before another backend serves it (e.g.
-        xgrammar accepts a ``$ref`` to a missing definition)."""
-        if spec.kind not in ("json_schema", "regex"):
-            return
-        error, _ = self.llguidance.check(self.llguidance.grammar_text(spec, lenient=True))
-        refusal = self.llguidance.classify(error) if error else None
-        if refusal is not None and not isinstance(refusal, UnsupportedSpec):
-            raise refusal
+    @contextmanager
+    def _timed(self, backend: str) -> Iterator[None]:
+        start = time.perf_counter()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            self._record(backend, time.perf_counter() - start, ok)
 
     def _record(self, backend: str, seconds: float, ok: bool) -> None:
         with self._lock:
@@ -180,128 +282,6 @@ class StructuredOutputs:
                 s.failures += 1
         self._notify("on_compile", backend, seconds, ok)
 
-    def _auto_build(self, spec: StructuredSpec) -> GrammarFactory:
-        """llguidance, else xgrammar in a worker: the first that can enforce the spec."""
-        try:
-            return self._build(LLGUIDANCE, spec)
-        except UnsupportedSpec as e:
-            why = f"{LLGUIDANCE}: {e}"
-        except ValueError as e:
-            if spec.kind != "grammar":  # wrong in itself: no other backend may serve it
-                raise ValueError(f"{LLGUIDANCE}: {e}") from None
-            why = f"{LLGUIDANCE}: {e}"  # our EBNF is xgrammar's dialect: let it try
-        try:
-            return self._build(XGRAMMAR, spec)
-        except ValueError as e:
-            kind = CompileAborted if isinstance(e, CompileAborted) else ValueError
-            raise kind(f"{why}; {XGRAMMAR}: {e}") from None
-
-    # ---- the cache (event loop) -------------------------------------------------------
-
-    def _lookup(self, cache: OrderedDict, key: tuple) -> object | None:
-        entry = cache.get(key)
-        if entry is None:
-            return None
-        fut = entry.future if isinstance(entry, _AutoEntry) else entry
-        if fut.done() and isinstance(fut.exception(), CompileAborted):
-            del cache[key]  # no verdict (shutdown, a dead worker): compile again
-            return None
-        cache.move_to_end(key)
-        return entry
-
-    def _store(self, cache: OrderedDict, key: tuple, entry: object) -> None:
-        cache[key] = entry
-        while len(cache) > self.config.cache_size:
-            cache.popitem(last=False)
-
-    def _cached(self, backend: str, spec: StructuredSpec) -> Future:
-        key = (backend, spec.kind, spec.value, spec.whitespace)
-        fut = self._lookup(self._cache, key)
-        self._notify("on_cache_lookup", backend, fut is not None)
-        if fut is None:
-            fut = self._pool.submit(self._build, backend, spec)
-            self._store(self._cache, key, fut)
-        else:
-            self.stats.cache_hits += 1
-        assert isinstance(fut, Future)
-        return fut
-
-    def _cached_auto(self, spec: StructuredSpec) -> Future:
-        key = (spec.kind, spec.value, spec.whitespace)
-        entry = self._lookup(self._auto, key)
-        self._notify("on_cache_lookup", AUTO, entry is not None)
-        if entry is None:
-            entry = _AutoEntry(self._pool.submit(self._auto_build, spec))
-            self._store(self._auto, key, entry)
-        else:
-            self.stats.cache_hits += 1
-        assert isinstance(entry, _AutoEntry)
-        entry.requests += 1
-        self._maybe_accelerate(entry, spec)
-        return entry.future
-
-    def _maybe_accelerate(self, entry: _AutoEntry, spec: StructuredSpec) -> None:
-        """A spec llguidance serves and clients keep sending: build it with xgrammar in the
-        background (lowest priority, long time limit); once ready, it serves new
-        sequences (the sequences already running keep their llguidance grammar)."""
-        if (self.accelerator is None or entry.accelerating
-                or entry.requests < self.config.accelerate_after
-                or not entry.future.done() or entry.future.exception() is not None
-                or entry.future.result().backend != LLGUIDANCE):
-            return
-        entry.accelerating = True
-
-        def build() -> None:
-            try:
-                factory = self._build(XGRAMMAR, spec, self.config.accelerate_timeout_s,
-                                      self.accelerator)
-            except ValueError as e:
-                log.info("xgrammar could not accelerate a %s spec: %s", spec.kind, e)
-                return
-            done: Future = Future()
-            done.set_result(factory)
-            entry.future = done  # a plain swap: readers see the old or the new factory
-
-        self._pool.submit(build)
-
-    async def factory(self, spec: StructuredSpec) -> GrammarFactory:
-        if not spec.whitespace:
-            spec = replace(spec, whitespace=self.config.default_whitespace)
-        if spec.whitespace not in WHITESPACE_MODES:
-            raise ValueError(f"structured_output.whitespace: unknown mode {spec.whitespace!r} "
-                             f"(one of {', '.join(WHITESPACE_MODES)})")
-        if spec.size > self.config.max_spec_bytes:
-            raise ValueError(f"structured_output.{spec.kind} is {spec.size} bytes; the limit "
-                             f"is {self.config.max_spec_bytes}")
-        if spec.kind == "choice" and (not spec.value or not all(spec.value)):
-            raise ValueError("structured_output.choice needs at least one non-empty choice")
-        if spec.backend == AUTO:
-            fut = self._cached_auto(spec)
-        else:
-            backend = self.backends.get(spec.backend)
-            if backend is None:
-                raise ValueError(f"structured_output.backend: unknown backend "
-                                 f"{spec.backend!r}")
-            if spec.kind not in backend.kinds:
-                raise ValueError(f"structured_output: backend {backend.name} does not support "
-                                 f"kind {spec.kind!r} (it supports {sorted(backend.kinds)})")
-            fut = self._cached(spec.backend, spec)
-        try:
-            # shield: one caller's cancellation must not cancel a compile others await;
-            # the workers enforce the time limit, this only bounds a wedged thread.
-            factory = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)),
-                                             self.config.compile_timeout_s + 30)
-        except TimeoutError:
-            raise ValueError(f"structured_output.{spec.kind}: compiling took too long"
-                             ) from None
-        except ValueError as e:
-            where = "" if spec.backend == AUTO else f"{spec.backend}: "
-            raise ValueError(f"structured_output.{spec.kind} is invalid: {where}{e}") from None
-        with self._lock:
-            self.stats.backends[factory.backend].requests += 1
-        self._notify("on_served", factory.backend)
-        return factory
-
     def prestart(self) -> None:
         """Spawn the compile workers now (e.g. once the server is SERVING), so the first
         xgrammar request does not wait for one to import its libraries."""
@@ -315,4 +295,5 @@ class StructuredOutputs:
         if self.accelerator is not None:
             self.accelerator.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._upgrades.shutdown(wait=False, cancel_futures=True)
         self._tokenizer_dir.cleanup()

@@ -18,7 +18,8 @@ OutputCheck = Callable[[str], str | None]
 
 
 def schema_checker(spec: StructuredSpec, backend: str, ignored: list[str]) -> OutputCheck:
-    """``check(text)`` -> None if ``text`` is JSON valid under the schema, else why not."""
+    """``check(text)`` -> None if ``text`` is JSON valid under the schema, else why not
+    (``structured_output: ...``: the engine reports it as the sequence's error)."""
     assert isinstance(spec.value, str)
     schema = json.loads(spec.value)
     try:
@@ -32,14 +33,15 @@ def schema_checker(spec: StructuredSpec, backend: str, ignored: list[str]) -> Ou
         try:
             instance = json.loads(text)
         except json.JSONDecodeError as e:
-            return f"the output is not JSON ({e}); grammar by {how}"
+            return f"structured_output: the output is not JSON ({e}); grammar by {how}"
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
         except Exception:  # e.g. a remote $ref, never fetched: the grammar stands
             return None
         if error is None:
             return None
-        return (f"the output does not match the schema: {error.message[:300]} at "
-                f"/{'/'.join(map(str, error.absolute_path))}; grammar by {how}")
+        return (f"structured_output: the output does not match the schema: "
+                f"{error.message[:300]} at /{'/'.join(map(str, error.absolute_path))}; "
+                f"grammar by {how}")
 
     return check

@@ -15,7 +15,8 @@ import torch
 import xgrammar as xgr
 
 from structured.grammar import CompiledGrammar, Grammar, bitmask_words
-from structured.output_check import OutputCheck
+from structured.output_check import OutputCheck, schema_checker
+from structured.spec import LM_FORMAT_ENFORCER, StructuredSpec
 
 
 class GrammarProcessor:
@@ -75,8 +76,8 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 class GrammarFactory:
     """Shared by every request with the same compiled spec, so their rows batch together.
 
-    ``check_output`` (JSON schemas a backend may enforce only in part) is for the service
-    to run on each finished output."""
+    ``check_output`` (JSON schemas a backend may enforce only in part) is the engine's to
+    run on each output that ends at EOS (``engine.logits_process.CheckedFactory``)."""
 
     def __init__(self, compiled: CompiledGrammar, vocab_size: int, backend: str,
                  check_output: OutputCheck | None = None, lenient: bool = False) -> None:
@@ -87,6 +88,16 @@ class GrammarFactory:
         self.lenient = lenient
         self._pool: list[Grammar] = []
         self.created = self.released = 0
+
+    @classmethod
+    def for_spec(cls, compiled: CompiledGrammar, vocab_size: int, backend: str,
+                 spec: StructuredSpec, lenient_ignored: list[str]) -> GrammarFactory:
+        """A JSON schema's outputs are checked against it, unless lm-format-enforcer
+        enforces it (it refuses the keywords it would not enforce)."""
+        check = None
+        if spec.kind == "json_schema" and backend != LM_FORMAT_ENFORCER:
+            check = schema_checker(spec, backend, lenient_ignored)
+        return cls(compiled, vocab_size, backend, check, lenient=bool(lenient_ignored))
 
     def create(self) -> GrammarProcessor:
         self.created += 1

@@ -287,3 +287,60 @@ def test_failing_batch_prepare_falls_back_and_pins_the_error_on_one_sequence(tin
             assert res[f"r{i}"][0].finish_reason is FinishReason.LENGTH and len(out) == 6
             assert all(a != b for a, b in zip(out, out[1:], strict=False))
     assert factory.created == factory.released == len(ids)
+
+
+class EndAfter:
+    """Forces ``k`` copies of ``token`` then EOS: an output the test knows in advance."""
+
+    def __init__(self, token: int, k: int, eos: int) -> None:
+        self.token, self.k, self.eos = token, k, eos
+
+    def __call__(self, prompt_ids, output_ids, logits):
+        out = torch.full_like(logits, -torch.inf)
+        out[self.token if len(output_ids) < self.k else self.eos] = 0.0
+        return out
+
+
+class CheckedFactory:
+    """A factory whose finished outputs must pass ``check_output`` (as a grammar that
+    enforces a JSON schema only in part): the engine, not its caller, runs the check."""
+
+    def __init__(self, token: int, k: int, eos: int, problem: str | None) -> None:
+        self.token, self.k, self.eos, self.problem = token, k, eos, problem
+        self.checked: list[str] = []
+        self.released = 0
+
+    def create(self) -> EndAfter:
+        return EndAfter(self.token, self.k, self.eos)
+
+    def release(self, proc) -> None:
+        self.released += 1
+
+    def check_output(self, text: str) -> str | None:
+        self.checked.append(text)
+        return self.problem
+
+
+def test_an_output_failing_its_factorys_check_finishes_with_error_its_text_kept(
+        tiny_model_dir, tokenizer, ids):
+    engine = make_engine(tiny_model_dir)
+    eos = tokenizer.eos_token_id
+    token = tokenizer.encode("ab", add_special_tokens=False)[0]
+    bad = CheckedFactory(token, 3, eos, "structured_output: not what the schema says")
+    good = CheckedFactory(token, 3, eos, None)
+    results = run_to_completion(engine, {0: [
+        ("bad", ids[0], SamplingParams(max_new_tokens=8, logits_processors=[bad], n=2)),
+        ("good", ids[1], SamplingParams(max_new_tokens=8, logits_processors=[good])),
+        ("cut", ids[2], SamplingParams(max_new_tokens=2, logits_processors=[
+            CheckedFactory(token, 3, eos, "never asked")]))]})
+    text = tokenizer.decode([token] * 3)
+    for c in results["bad"]:
+        assert c.finish_reason is FinishReason.ERROR and c.rejected
+        assert c.error == "structured_output: not what the schema says"
+        assert c.text == text and c.token_ids == [token] * 3 + [eos]
+    assert bad.checked == [text, text] and bad.released == 2
+    (ok,) = results["good"]
+    assert ok.finish_reason is FinishReason.EOS and not ok.rejected and ok.error is None
+    assert good.checked == [text]
+    (cut,) = results["cut"]  # only an output the grammar ended (EOS) is checked
+    assert cut.finish_reason is FinishReason.LENGTH and not cut.rejected

@@ -244,13 +244,20 @@ class FakeEngine:
             seq.finish = FinishReason.LENGTH
         elif p.time_limit_s is not None and time.monotonic() - req.started >= p.time_limit_s:
             seq.finish = FinishReason.TIME_LIMIT
+        rejected = False
+        if seq.finish is FinishReason.EOS:  # the engine's finished-output check
+            problem = next(filter(None, (f.check_output(text) for _, f in seq.processors
+                                         if getattr(f, "check_output", None))), None)
+            if problem:
+                seq.finish, seq.error, rejected = FinishReason.ERROR, problem, True
         if seq.finish is None:  # hold back what might start a stop string or a UTF-8 char
             text = text[:max(seq.emitted, len(text) - max(0, p.max_stop_len - 1))]
             text = text.rstrip("\ufffd") if len(text) > seq.emitted else text
         else:
             self._release(seq)
         delta = CompletionDelta(seq.index, text=text[seq.emitted:], token_ids=[token],
-                                finish_reason=seq.finish, stop_sequence=seq.stop_sequence)
+                                finish_reason=seq.finish, stop_sequence=seq.stop_sequence,
+                                error=seq.error, rejected=rejected)
         if p.logprobs:
             delta.logprobs = [TokenLogprob(token, 0.0, [((token + i) % self.info.vocab_size,
                                                          -float(i))

@@ -111,9 +111,9 @@ def test_compile_cache_reuses_one_factory(server, stub, monkeypatch):
     built: list[str] = []  # counted per spec: background accelerations may run meanwhile
     build = so._build
 
-    def counting(backend, spec, *args):
+    def counting(spec):
         built.append(spec.value)
-        return build(backend, spec, *args)
+        return build(spec)
 
     monkeypatch.setattr(so, "_build", counting)
     hits = so.stats.cache_hits
@@ -160,8 +160,8 @@ def test_response_names_the_backend_and_model_info_counts_it(stub):
 def test_whitespace_mode_reaches_the_grammar(server, stub):
     so = pb.StructuredOutput(json_object=True, whitespace=pb.STRUCTURED_WHITESPACE_COMPACT)
     stub.Generate(req(so, max_new=4))
-    cache = server.server.servicer.structured._auto
-    assert any(key[0] == "json_object" and key[2] == "compact" for key in cache)
+    cache = server.server.servicer.structured._cache
+    assert any(key[:2] == ("auto", "json_object") and key[3] == "compact" for key in cache)
     bad = req(pb.StructuredOutput(json_object=True, whitespace=99))
     with pytest.raises(grpc.RpcError) as e:
         stub.Generate(bad)
@@ -176,9 +176,9 @@ def test_an_output_failing_its_schema_check_is_reported_with_its_text(server, st
     r = req(pb.StructuredOutput(json_schema=schema, backend=LLG))
     assert stub.Generate(r).completions[0].finish_reason == pb.FINISH_REASON_EOS
     so = server.server.servicer.structured
-    factory = next(f.result() for key, f in so._cache.items()
+    factory = next(e.future.result() for key, e in so._cache.items()
                    if key[0] == "llguidance" and key[2] == schema)
-    factory.check_output = lambda text: f"forced failure for {text}"
+    factory.check_output = lambda text: f"structured_output: forced failure for {text}"
     try:
         c = stub.Generate(r).completions[0]
         assert c.finish_reason == pb.FINISH_REASON_ERROR and c.text in ('"yes"', '"no"')

@@ -425,8 +425,8 @@ def test_guided_output_failing_its_schema_check_stops_with_error(server, fm):
     p = params(16, decoding=tgis.DecodingParameters(json_schema=schema))
     (r,) = generate(fm, [PROMPT], p)
     assert r.stop_reason == tgis.EOS_TOKEN
-    factory = next(e.future.result() for key, e in server.server.servicer.structured._auto.items()
-                   if key[1] == schema)
+    factory = next(e.future.result() for key, e in server.server.servicer.structured._cache.items()
+                   if key[2] == schema)
     factory.check_output = lambda text: "forced failure"
     try:
         (r,) = generate(fm, [PROMPT], p)

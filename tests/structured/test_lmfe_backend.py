@@ -212,3 +212,24 @@ def test_mask_cache_is_bounded_in_bytes():
     for i in range(10):
         cache.put(i, np.full(100, i, dtype=np.int32))
     assert len(cache) == 3 and cache.get(0) is None and cache.get(9)[0] == 9
+
+
+@pytest.mark.parametrize("kind, value, char", [
+    ("choice", ("日本",), "日"), ("choice", ("🙂",), "🙂"), ("choice", ("\u0301",), "\u0301"),
+    ("choice", ("e\u0301",), "\u0301"), ("regex", "\u0301", "\u0301"),
+    ("json_schema", json.dumps({"enum": ["\u0301"]}), "\u0301"),
+])
+def test_text_only_byte_pieces_spell_is_refused_up_front(backend, kind, value, char):
+    """lm-format-enforcer walks whole-character token texts: a character this tokenizer
+    spells only in byte pieces could never be written (it used to fail on the first
+    token), so the spec is refused when it is compiled, naming the character."""
+    with pytest.raises(ValueError, match=f"cannot write .*U\\+{ord(char):04X}"):
+        backend.compile(StructuredSpec(kind, value, LM_FORMAT_ENFORCER))
+
+
+def test_non_ascii_text_that_tokens_spell_whole_is_served(backend, tokenizer):
+    compiled = backend.compile(StructuredSpec("choice", ("é", "naïve café"), LM_FORMAT_ENFORCER))
+    grammar = compiled.new_grammar()
+    tokens = tokenizer.encode("naïve café", add_special_tokens=False)
+    assert grammar.accept_tokens(tokens + [tokenizer.eos_token_id])
+    assert grammar.is_terminated()
