@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 class EngineConfig:
     """Knobs of the engine; the CLI flags of ``genserve serve`` map onto these 1:1."""
 
-    model: str = "default"  # HF directory, .gguf file, or "default" (embedded SmolLM2)
+    model: str = "default"  # HF directory, .gguf file, hub id (org/name) or "default"
+    revision: str | None = None  # hub id's branch, tag or commit (None = main)
+    trust_remote_code: bool = False  # run a model's own code (auto_map) from its files
+    chat_template: str | None = None  # a Jinja file replacing the model's chat template
     # Which model runner (engine/runners/select.py): auto = llama.cpp for a .gguf on CPU when the
     # llama_cpp package is importable, torch otherwise.
     runner: str = "auto"  # auto | torch | llamacpp
@@ -19,7 +22,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     block_size: int = 16  # tokens per KV block
-    dtype: str = "auto"  # auto = fp32 on CPU, bf16 on CUDA
+    dtype: str = "auto"  # auto: fp32 on CPU; on CUDA the checkpoint's half dtype (fp32 -> bf16)
     device: str = "auto"  # auto = cuda if available else cpu
     max_waiting: int = 1024  # waiting-queue bound; beyond it generate() raises QueueFullError
     # Run batched processors' prepare in a worker thread during the forward. None = auto:

@@ -65,7 +65,14 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--kv-cache-memory", "kv_cache_memory", parse_bytes,
      "memory for the KV cache, e.g. 2GiB"),
     ("--block-size", "block_size", positive_int, "tokens per KV block"),
-    ("--dtype", "dtype", str, "auto|float32|bfloat16|float16"),
+    ("--revision", "revision", str, "a hub id's branch, tag or commit (default: main)"),
+    ("--trust-remote-code", "trust_remote_code", bool,
+     "run a model's own Python code (auto_map in its config.json); off by default"),
+    ("--chat-template", "chat_template", str,
+     "a Jinja chat template file that replaces the model's own"),
+    ("--dtype", "dtype", ("auto", "float32", "bfloat16", "float16"),
+     "weights and activations: auto = float32 on CPU; on CUDA the checkpoint's own "
+     "bfloat16/float16 (a float32 checkpoint runs in bfloat16)"),
     ("--device", "device", str, "auto|cpu|cuda|cuda:N"),
     ("--runner", "runner", ("auto", "torch", "llamacpp"),
      "model runner: llamacpp runs a .gguf's quantised weights on the CPU "
@@ -186,7 +193,9 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "precedence: flag > GENSERVE_<FLAG> environment variable > file > "
                         "default")
     p.add_argument("--model", default=e.model,
-                   help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M)")
+                   help="HF model directory, .gguf file, Hugging Face hub id (org/name: the "
+                        "local HF cache, downloaded when HF_HUB_OFFLINE is unset), or "
+                        "'default' (embedded SmolLM2-135M)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients see (GetModelInfo.model_id, metrics' "
                         "model_name label); default: the model's own id")

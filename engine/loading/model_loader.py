@@ -1,4 +1,6 @@
-"""Find and load the model and tokenizer: an HF directory, a .gguf file, or the default.
+"""Find and load the model and tokenizer: an HF directory, a .gguf file, a Hugging Face
+hub id (``org/name``: the local HF cache first, a download when the network allows and
+``HF_HUB_OFFLINE`` is not set), or the embedded default.
 
 A .gguf is loaded through its converted copy in the weights cache (engine.loading.weights_cache),
 made on first use: ``python -m engine.loading.model_loader --warm default`` makes it ahead
@@ -9,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -55,14 +59,65 @@ def default_model_path() -> str:
     raise FileNotFoundError(f"no .gguf file inside the {DEFAULT_MODEL_PACKAGE} package")
 
 
-def resolve_model(model: str) -> ModelSource:
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model(model: str, revision: str | None = None) -> ModelSource:
+    """Where ``model`` lives: a .gguf file, an HF directory, or a hub id's snapshot
+    (``revision``: a branch, tag or commit; only for hub ids)."""
     path = default_model_path() if model in ("", "default") else model
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return ModelSource(str(p.parent), p.name, p.stem)
     if p.is_dir():
         return ModelSource(str(p), None, p.name)
-    raise FileNotFoundError(f"model {model!r}: not an HF model directory nor a .gguf file")
+    if _HUB_ID.match(model):
+        return _snapshot_source(model, hub_snapshot(model, revision))
+    raise FileNotFoundError(f"model {model!r}: not an HF model directory, a .gguf file nor a "
+                            f"hub id (org/name)")
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> str:
+    """The local directory of ``repo_id`` at ``revision`` (default: main) from the Hugging
+    Face cache (``HF_HOME`` / ``HF_HUB_CACHE``), downloaded first when it is missing and
+    the hub may be reached (``HF_HUB_OFFLINE`` unset)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    at = f"{repo_id}@{revision}" if revision else repo_id
+    offline = hub_offline()
+    try:
+        return snapshot_download(repo_id, revision=revision, local_files_only=offline)
+    except LocalEntryNotFoundError:
+        if offline:
+            raise FileNotFoundError(
+                f"model {at!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is "
+                f"set: download it first (`hf download {repo_id}`) or unset HF_HUB_OFFLINE"
+            ) from None
+        raise FileNotFoundError(f"model {at!r}: not in the local Hugging Face cache and the "
+                                f"hub could not be reached") from None
+    except (HfHubHTTPError, ValueError) as e:
+        raise FileNotFoundError(f"model {at!r}: {e}") from None
+
+
+def _snapshot_source(repo_id: str, directory: str) -> ModelSource:
+    """A snapshot holds an HF model (config.json) or, for GGUF repositories, .gguf files:
+    one is used as it is; several must be named by path."""
+    d = Path(directory)
+    if (d / "config.json").is_file():
+        return ModelSource(directory, None, repo_id)
+    ggufs = sorted(d.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ModelSource(directory, ggufs[0].name, repo_id)
+    if ggufs:
+        raise FileNotFoundError(f"model {repo_id!r} holds {len(ggufs)} .gguf files: pass the "
+                                f"path of one ({', '.join(str(g) for g in ggufs[:4])})")
+    raise FileNotFoundError(f"model {repo_id!r}: its snapshot {directory} has no config.json "
+                            f"and no .gguf file")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -71,11 +126,18 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(dtype: str, device: torch.device,
+                  config_dtype: torch.dtype | None = None) -> torch.dtype:
+    """``auto``: float32 on the CPU (its fast kernels are fp32); on CUDA the checkpoint's
+    own half-precision dtype, and bf16 for a float32 (or unknown) one, as vLLM does, fp16
+    where the GPU has no bf16."""
     if dtype == "auto":
-        if device.type == "cuda":
+        if device.type != "cuda":
+            return torch.float32
+        wanted = config_dtype if config_dtype in (torch.bfloat16, torch.float16) else None
+        if wanted is None or wanted == torch.bfloat16:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
+        return wanted
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
     if dtype not in table:
@@ -111,24 +173,62 @@ def _from_pretrained_kwargs(source: ModelSource) -> dict[str, Any]:
     return {"gguf_file": source.gguf_file} if source.gguf_file else {}
 
 
-def load_tokenizer(source: ModelSource):
+def config_dtype(source: ModelSource) -> torch.dtype | None:
+    """The checkpoint's own dtype (config.json's ``dtype``/``torch_dtype``); None for a
+    .gguf or when it says nothing."""
+    cfg = Path(source.directory) / "config.json"
+    if source.gguf_file or not cfg.is_file():
+        return None
+    raw = json.loads(cfg.read_text())
+    name = raw.get("dtype") or raw.get("torch_dtype")
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    return value if isinstance(value, torch.dtype) else None
+
+
+def check_remote_code(source: ModelSource, trust_remote_code: bool) -> None:
+    """A model that ships its own Python (``auto_map``) for an architecture transformers
+    does not know runs only with ``--trust-remote-code``: refused by name otherwise."""
+    cfg = Path(source.directory) / "config.json"
+    if trust_remote_code or source.gguf_file or not cfg.is_file():
+        return
+    raw = json.loads(cfg.read_text())
+    from transformers import CONFIG_MAPPING
+
+    if raw.get("auto_map") and raw.get("model_type") not in CONFIG_MAPPING:
+        raise ValueError(f"model {source.model_id!r} (model_type {raw.get('model_type')!r}) "
+                         f"needs its own code (auto_map in config.json); genserve runs a "
+                         f"model's code only with --trust-remote-code")
+
+
+def load_tokenizer(source: ModelSource, trust_remote_code: bool = False,
+                   chat_template: str | None = None):
+    """The model's tokenizer; ``chat_template`` (a file's path) replaces the model's own
+    template (``--chat-template``)."""
     from transformers import AutoTokenizer
 
-    return _load_via_cache(source, lambda s: AutoTokenizer.from_pretrained(
-        s.directory, **_from_pretrained_kwargs(s)))
+    tok = _load_via_cache(source, lambda s: AutoTokenizer.from_pretrained(
+        s.directory, trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)))
+    if chat_template:
+        path = Path(chat_template).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"--chat-template {chat_template!r}: no such file")
+        tok.chat_template = path.read_text()
+    return tok
 
 
 def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,
-               attn_implementation: str):
-    """Load weights with the engine's attention hook; never touches the network."""
+               attn_implementation: str, trust_remote_code: bool = False):
+    """Load weights with the engine's attention hook; never touches the network (a hub
+    id was downloaded, when allowed, by ``resolve_model``)."""
     from transformers import AutoModelForCausalLM
 
+    check_remote_code(source, trust_remote_code)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
     # Typed Any: transformers' own annotation of .to() confuses type checkers.
     model: Any = _load_via_cache(source, lambda s: AutoModelForCausalLM.from_pretrained(
         s.directory, dtype=dtype, attn_implementation=attn_implementation,
-        **_from_pretrained_kwargs(s)))
+        trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)))
     model.to(device).eval()
     n_params = sum(p.numel() for p in model.parameters())
     log.info("loaded model %s (%s, %.1fM params, %s on %s) in %.1fs", source.model_id,

@@ -133,7 +133,7 @@ class LlamaCppRunner:
         llama_cpp = llama_lib()
         self.llama_cpp = llama_cpp
         self.config = config
-        source = resolve_model(config.model)
+        source = resolve_model(config.model, config.revision)
         if source.gguf_file is None:
             raise ValueError(f"the llama.cpp runner needs a .gguf model; {config.model!r} "
                              "is an HF directory")
@@ -208,7 +208,8 @@ class LlamaCppRunner:
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
-        self.tokenizer = load_tokenizer(source)
+        self.tokenizer = load_tokenizer(source, config.trust_remote_code,
+                                        config.chat_template)
         self._check_vocab()
         self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)

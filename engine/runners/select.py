@@ -32,7 +32,7 @@ def choose_runner(config: EngineConfig) -> str:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {config.runner!r}")
     if config.runner == "torch":
         return "torch"
-    gguf = resolve_model(config.model).gguf_file is not None
+    gguf = resolve_model(config.model, config.revision).gguf_file is not None
     cpu = resolve_device(config.device).type == "cpu"
     if config.runner == "auto":
         return "llamacpp" if gguf and cpu and llama_cpp_available() else "torch"

@@ -8,6 +8,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.loading.model_loader import (
+    config_dtype,
     load_model,
     load_tokenizer,
     resolve_device,
@@ -48,11 +49,13 @@ class ModelRunner:
         with the same five attributes will do (a self-draft passes a truncated model).
         ``num_blocks`` sizes the KV cache in blocks instead of ``kv_cache_memory``."""
         if share_weights is None:
-            source = resolve_model(config.model)
+            source = resolve_model(config.model, config.revision)
             self.device = resolve_device(config.device)
-            self.dtype = resolve_dtype(config.dtype, self.device)
-            self.tokenizer = load_tokenizer(source)
-            self.model = load_model(source, self.dtype, self.device, ATTN_NAME)
+            self.dtype = resolve_dtype(config.dtype, self.device, config_dtype(source))
+            self.tokenizer = load_tokenizer(source, config.trust_remote_code,
+                                            config.chat_template)
+            self.model = load_model(source, self.dtype, self.device, ATTN_NAME,
+                                    config.trust_remote_code)
             check_config(self.model.config)
             self.model_id = source.model_id
             if config.pack_weights and can_pack(self.device, self.dtype):
