@@ -200,6 +200,15 @@ def check_remote_code(source: ModelSource, trust_remote_code: bool) -> None:
                          f"model's code only with --trust-remote-code")
 
 
+def load_config(source: ModelSource, trust_remote_code: bool = False):
+    """The model's transformers config, without its weights (checked before loading)."""
+    from transformers import AutoConfig
+
+    check_remote_code(source, trust_remote_code)
+    return _load_via_cache(source, lambda s: AutoConfig.from_pretrained(
+        s.directory, trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)))
+
+
 def load_tokenizer(source: ModelSource, trust_remote_code: bool = False,
                    chat_template: str | None = None):
     """The model's tokenizer; ``chat_template`` (a file's path) replaces the model's own

@@ -9,6 +9,7 @@ import torch
 from engine.config import EngineConfig
 from engine.loading.model_loader import (
     config_dtype,
+    load_config,
     load_model,
     load_tokenizer,
     resolve_device,
@@ -54,9 +55,9 @@ class ModelRunner:
             self.dtype = resolve_dtype(config.dtype, self.device, config_dtype(source))
             self.tokenizer = load_tokenizer(source, config.trust_remote_code,
                                             config.chat_template)
+            check_config(load_config(source, config.trust_remote_code))  # before the weights
             self.model = load_model(source, self.dtype, self.device, ATTN_NAME,
                                     config.trust_remote_code)
-            check_config(self.model.config)
             self.model_id = source.model_id
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)

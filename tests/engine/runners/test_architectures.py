@@ -147,3 +147,16 @@ def test_an_attention_argument_the_hook_does_not_honour_is_refused_at_start(
     model_dir = build_architecture("llama", tmp_path / "m", tokenizer_dir)
     with pytest.raises(UnsupportedModelFeature, match="s_aux"):
         LLMEngine(EngineConfig(model=str(model_dir)))
+
+
+def test_a_quantised_checkpoint_the_runner_has_no_kernels_for_is_refused_before_loading(
+        tmp_path, tokenizer_dir):
+    import json
+
+    model_dir = build_architecture("mistral", tmp_path / "m", tokenizer_dir)
+    cfg_path = model_dir / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelFeature, match="quant_method=gptq"):
+        LLMEngine(EngineConfig(model=str(model_dir)))
