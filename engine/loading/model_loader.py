@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from engine import weights_cache
+from engine.loading import weights_cache
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import weights_cache
+from engine.loading import weights_cache
 from engine.loading.model_loader import default_model_path, load_model, load_tokenizer, resolve_model
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def reverse(s):\n"]

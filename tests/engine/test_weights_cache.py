@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine import weights_cache
+from engine.loading import weights_cache
 from engine.loading.model_loader import ModelSource, _load_via_cache, hf_source, resolve_model
 
 
