@@ -17,6 +17,15 @@ class EngineConfig:
     max_model_len: int | None = None  # None = min(model's max positions, 4096)
     max_num_seqs: int = 64  # sequences running in one step
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
+    # Most tokens one prefill gets in a step (0 = the whole budget): keeps a step short
+    # while a long prompt prefills, so new requests are admitted and decoded beside it.
+    # 128 on a 2-core CPU: ~0.6 s a step on the llama.cpp runner (~4.5 ms a prompt token),
+    # ~0.2 s on the torch runner; a 3,600-token prompt then delays a short request's first
+    # token by about one such step instead of its whole prefill (17 s on llama.cpp).
+    long_prefill_token_threshold: int = 128
+    # Prompts with more than the threshold left to prefill that may prefill at once; the
+    # rest wait, and shorter prompts queued behind them are admitted meanwhile.
+    max_long_partial_prefills: int = 1
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     block_size: int = 16  # tokens per KV block
     dtype: str = "auto"  # auto = fp32 on CPU, bf16 on CUDA
@@ -26,13 +35,15 @@ class EngineConfig:
     # only when the forward leaves a CPU core free (CUDA, or more cores than torch uses);
     # on a CPU whose cores the forward saturates, overlapping measured slower (make bench).
     overlap_prepare: bool | None = None
-    # CPU fp32: linear weights reordered once for oneDNN at load (engine/runners/torch/packed_linear.py);
-    # faster than the compiled step there, and it needs no start-up compile, so a packed
-    # model is not compiled. False: plain F.linear (and the compiled step, unless eager).
+    # CPU fp32: linear weights reordered once for oneDNN at load
+    # (engine/runners/torch/packed_linear.py); faster than the compiled step there, and it
+    # needs no start-up compile, so a packed model is not compiled. False: plain F.linear
+    # (and the compiled step, unless eager).
     pack_weights: bool = True
-    # Compiled decode step (engine/runners/torch/compiled_step.py, built by ModelRunner.warmup()). CUDA:
-    # a CUDA graph per bucket, rows padded up to it. CPU: torch.compile covers 1..largest
-    # bucket rows (two graphs, no padding). Mixed and larger steps run eagerly.
+    # Compiled decode step (engine/runners/torch/compiled_step.py, built by
+    # ModelRunner.warmup()). CUDA: a CUDA graph per bucket, rows padded up to it. CPU:
+    # torch.compile covers 1..largest bucket rows (two graphs, no padding). Mixed and
+    # larger steps run eagerly.
     enforce_eager: bool = False  # True: never compile or capture anything
     decode_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     compile_budget_s: float = 300.0  # start-up time for building graphs; the rest stay eager

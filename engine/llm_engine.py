@@ -55,7 +55,9 @@ class LLMEngine:
         self._eos = set(self.info.eos_token_ids)
         self.scheduler = Scheduler(self.runner.num_blocks, config.block_size,
                                    config.max_num_seqs, config.max_num_batched_tokens,
-                                   on_free=lambda seq: self.runner.release(seq.seq_id))
+                                   on_free=lambda seq: self.runner.release(seq.seq_id),
+                                   long_prefill_token_threshold=config.long_prefill_token_threshold,
+                                   max_long_partial_prefills=config.max_long_partial_prefills)
         self.sampler = Sampler()
         self.processor_runner = ProcessorRunner(
             config.overlap_prepare if config.overlap_prepare is not None
