@@ -43,7 +43,7 @@ def hf_reference(engine, prompt_ids):
     """HF's own generate on the same weights with its stock SDPA attention and linears."""
     eos = engine.info.eos_token_ids
     refs = []
-    with stock_transformers(engine.runners.select.model) as model, torch.inference_mode():
+    with stock_transformers(engine.runner.model) as model, torch.inference_mode():
         for ids in prompt_ids:
             out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW,
                                  do_sample=False)[0, len(ids):].tolist()

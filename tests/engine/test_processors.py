@@ -242,7 +242,7 @@ def test_batched_factory_prepares_during_the_forward_and_matches_per_row(tiny_mo
     def run(proc_or_factory, **kw):
         engine = make_engine(tiny_model_dir, **kw)
         spans = []
-        execute = engine.runners.select.execute
+        execute = engine.runner.execute
 
         def timed(*a, **kw):
             t0 = time.perf_counter()
@@ -251,7 +251,7 @@ def test_batched_factory_prepares_during_the_forward_and_matches_per_row(tiny_mo
             finally:
                 spans.append((t0, time.perf_counter()))
 
-        engine.runners.select.execute = timed
+        engine.runner.execute = timed
         params = SamplingParams(max_new_tokens=10, min_new_tokens=10, repetition_penalty=0.5,
                                 logits_processors=[proc_or_factory])
         res = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(ids)]})

@@ -74,7 +74,7 @@ def test_a_sequence_capped_to_no_proposals_probes_with_one_every_few_steps(tiny_
     from specdecode.worker import SpecWorker
 
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)))
-    worker = SpecWorker(SpeculativeConfig(method="ngram", num_spec_tokens=8), engine.runners.select)
+    worker = SpecWorker(SpeculativeConfig(method="ngram", num_spec_tokens=8), engine.runner)
     worker.target = SimpleNamespace(row_cost=0.6)  # type: ignore[assignment]
     req = engine.add_request("r", [5, 6, 7], SamplingParams(max_new_tokens=64))
     seq = req.sequences[0]

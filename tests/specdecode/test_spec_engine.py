@@ -296,13 +296,13 @@ def test_sampled_distributions_match_with_and_without_speculation(deep_model_dir
 def _record_forwards(engine) -> list[tuple[int, int]]:
     """(decode rows, prefill chunks) of every target forward from now on."""
     calls: list[tuple[int, int]] = []
-    execute = engine.runners.select.execute
+    execute = engine.runner.execute
 
     def recorded(decodes, prefills):
         calls.append((len(decodes), len(prefills)))
         return execute(decodes, prefills)
 
-    engine.runners.select.execute = recorded
+    engine.runner.execute = recorded
     return calls
 
 

@@ -41,7 +41,7 @@ def config(model_dir, **kw) -> EngineConfig:
 def base(tiny_model_dir) -> LLMEngine:
     """An engine whose runner holds the compiled graphs (1 and 2..MAX_ROWS rows)."""
     engine = LLMEngine(config(tiny_model_dir))
-    report = engine.runners.select.warmup()
+    report = engine.runner.warmup()
     assert report.ready == ["1", f"2-{MAX_ROWS}"], report
     return engine
 
@@ -275,8 +275,8 @@ def test_engine_greedy_output_is_unchanged_with_preemption_and_speculation(
             engine = LLMEngine(config(tiny_model_dir, kv_cache_memory=kv), share_weights=base,
                                speculator=speculator_for(spec) if speculate else None)
             if compile_:
-                engine.runners.select.warmup()
-                assert engine.runners.select.decode_graphs is not None
+                engine.runner.warmup()
+                assert engine.runner.decode_graphs is not None
             res = run_to_completion(engine, arrivals)
             assert engine.scheduler.num_preemptions > 0
             outs[compile_, speculate] = {r: c[0].token_ids for r, c in res.items()}

@@ -30,7 +30,7 @@ def cuda_engine(model_dir, eager: bool = False, dtype: str = "float32", spec=Non
     engine = LLMEngine(EngineConfig(model=str(model_dir), device="cuda", dtype=dtype,
                                     enforce_eager=eager, decode_buckets=BUCKETS, **kw),
                        speculator=speculator_for(spec) if spec else None)
-    report = engine.runners.select.warmup()
+    report = engine.runner.warmup()
     if not eager:
         assert report.ready and all(g.status == "captured" for g in report.graphs), report
     return engine
@@ -38,7 +38,7 @@ def cuda_engine(model_dir, eager: bool = False, dtype: str = "float32", spec=Non
 
 def replayed(engine: LLMEngine) -> list[tuple[int, int, int]]:
     """(rows, bucket, width in blocks) of every captured step the engine runs from now."""
-    graphs = engine.runners.select.decode_graphs
+    graphs = engine.runner.decode_graphs
     assert graphs is not None
     calls: list[tuple[int, int, int]] = []
     keys: list[tuple[int, int]] = []

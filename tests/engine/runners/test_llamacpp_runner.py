@@ -103,11 +103,11 @@ def test_model_info_names_the_runner_and_the_hf_tokenizer_matches_llama_vocab(en
     assert engine.info.runner == "llamacpp" and engine.info.quantization == "Q4_1"
     assert engine.info.vocab_size == len(engine.tokenizer)
     for text, mine in zip(PROMPTS, ids, strict=True):
-        assert engine.runners.select.tokenize(text) == mine  # type: ignore[attr-defined]
+        assert engine.runner.tokenize(text) == mine  # type: ignore[attr-defined]
 
 
 def test_the_cost_of_a_verify_row_is_measured_outside_the_serving_context(engine):
-    runner = engine.runners.select
+    runner = engine.runner
     # Q4_1 on a CPU: an extra row of a sequence costs a real share of a step (0.6 here);
     # the serving context holds no cell of the timing
     assert 0.05 < runner.row_cost <= 2.0

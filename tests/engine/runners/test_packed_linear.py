@@ -97,7 +97,7 @@ def test_stock_transformers_unpacks_inside_and_repacks_after(tiny_model_dir):
     from engine.llm_engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), kv_cache_memory=1 << 20))
-    model = engine.runners.select.model
+    model = engine.runner.model
     assert is_packed(model)  # the default on CPU in fp32
     with stock_transformers(model):
         assert not is_packed(model)
