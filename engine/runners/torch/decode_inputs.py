@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from engine.runners.torch.attention import AttentionMetadata
+from engine.runners.torch.attention import AttentionMetadata, DecodeGroups
 from engine.runners.torch.kv_tensors import KVCache
 
 
