@@ -19,10 +19,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
     # Most tokens one prefill gets in a step (0 = the whole budget): keeps a step short
     # while a long prompt prefills, so new requests are admitted and decoded beside it.
-    # 128 on a 2-core CPU: ~0.6 s a step on the llama.cpp runner (~4.5 ms a prompt token),
-    # ~0.2 s on the torch runner; a 3,600-token prompt then delays a short request's first
-    # token by about one such step instead of its whole prefill (17 s on llama.cpp).
-    long_prefill_token_threshold: int = 128
+    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (~0.6 s a
+    # step on 2 cores, no prefill throughput lost: it runs 63-token ubatches anyway), 256
+    # on the torch runner on CPU (~0.5 s; 128 cost ~25% prefill throughput there, 256
+    # ~10%), 0 on CUDA (a 512-token step takes milliseconds).
+    long_prefill_token_threshold: int | None = None
     # Prompts with more than the threshold left to prefill that may prefill at once; the
     # rest wait, and shorter prompts queued behind them are admitted meanwhile.
     max_long_partial_prefills: int = 1

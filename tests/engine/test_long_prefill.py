@@ -4,12 +4,14 @@ time to first token; the long request's greedy output is unchanged (and HF's).""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.llm_engine import LLMEngine, long_prefill_threshold
 from engine.sampling_params import SamplingParams
 from tests.conftest import build_tiny_model
 from tests.engine.long_prefill import (
@@ -82,3 +84,12 @@ def test_short_ttft_while_a_long_prompt_prefills_is_within_two_steps_of_idle(
     # Arriving mid-step it waits out that step, then is prefilled in the next: 2 steps.
     # x1.5 and 50 ms for a shared, noisy machine.
     assert t.busy_ttft <= t.idle_ttft + 1.5 * 2 * t.step + 0.05, t
+
+
+def test_the_default_threshold_is_chosen_by_runner_and_device(long_model_dir):
+    assert engine(long_model_dir).scheduler.long_prefill_token_threshold == 256  # torch, CPU
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    auto, fixed = EngineConfig(), EngineConfig(long_prefill_token_threshold=64)
+    assert long_prefill_threshold(auto, SimpleNamespace(name="llamacpp", device=cpu)) == 128
+    assert long_prefill_threshold(auto, SimpleNamespace(name="torch", device=cuda)) == 0
+    assert long_prefill_threshold(fixed, SimpleNamespace(name="torch", device=cuda)) == 64

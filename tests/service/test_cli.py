@@ -57,7 +57,7 @@ def _served_config(monkeypatch, argv: list[str]):
 
 def test_long_prefill_flags_reach_the_engine_config(monkeypatch):
     default = _served_config(monkeypatch, [])
-    assert default.engine.long_prefill_token_threshold == 128
+    assert default.engine.long_prefill_token_threshold is None  # by runner
     assert default.engine.max_long_partial_prefills == 1
     seen = _served_config(monkeypatch, ["--long-prefill-token-threshold", "0",
                                         "--max-long-partial-prefills", "2"])
