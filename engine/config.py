@@ -20,6 +20,16 @@ class EngineConfig:
     max_model_len: int | None = None  # None = min(model's max positions, 4096)
     max_num_seqs: int = 64  # sequences running in one step
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
+    # Most tokens one prefill gets in a step (0 = the whole budget): keeps a step short
+    # while a long prompt prefills, so new requests are admitted and decoded beside it.
+    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (~0.6 s a
+    # step on 2 cores, no prefill throughput lost: it runs 63-token ubatches anyway), 256
+    # on the torch runner on CPU (~0.5 s; 128 cost ~25% prefill throughput there, 256
+    # ~10%), 0 on CUDA (a 512-token step takes milliseconds).
+    long_prefill_token_threshold: int | None = None
+    # Prompts with more than the threshold left to prefill that may prefill at once; the
+    # rest wait, and shorter prompts queued behind them are admitted meanwhile.
+    max_long_partial_prefills: int = 1
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     block_size: int = 16  # tokens per KV block
     dtype: str = "auto"  # auto: fp32 on CPU; on CUDA the checkpoint's half dtype (fp32 -> bf16)

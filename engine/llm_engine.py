@@ -38,6 +38,16 @@ from engine.stop_checker import OutputState
 log = logging.getLogger(__name__)
 
 
+def long_prefill_threshold(config: EngineConfig, runner: Runner) -> int:
+    """``config.long_prefill_token_threshold``, None chosen for the runner (measured on a
+    2-core CPU, see EngineConfig): short steps where a prefill token is dear."""
+    if config.long_prefill_token_threshold is not None:
+        return config.long_prefill_token_threshold
+    if runner.device.type != "cpu":
+        return 0
+    return 128 if runner.name == "llamacpp" else 256
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, share_weights: LLMEngine | None = None,
                  speculator: SpeculatorFactory | None = None) -> None:
@@ -56,7 +66,10 @@ class LLMEngine:
         self._eos = set(self.info.eos_token_ids)
         self.scheduler = Scheduler(self.runner.num_blocks, config.block_size,
                                    config.max_num_seqs, config.max_num_batched_tokens,
-                                   on_free=lambda seq: self.runner.release(seq.seq_id))
+                                   on_free=lambda seq: self.runner.release(seq.seq_id),
+                                   long_prefill_token_threshold=long_prefill_threshold(
+                                       config, self.runner),
+                                   max_long_partial_prefills=config.max_long_partial_prefills)
         self.sampler = Sampler()
         self.processor_runner = ProcessorRunner(
             config.overlap_prepare if config.overlap_prepare is not None

@@ -7,6 +7,13 @@ by recompute when they run out. Each step spends a token budget: running sequenc
 seats and blocks last. When blocks run dry the most recently arrived running sequence is
 preempted: its blocks are freed and it goes back to the front of the queue, keeping its
 output tokens and processor state, to be prefilled again later.
+
+No head-of-line blocking behind a long prompt (vLLM's long-prefill limits): a prefill
+gets at most ``long_prefill_token_threshold`` tokens a step, so a step stays short and
+leaves budget for others, and a prompt with more than that left to prefill ("long")
+starts only while fewer than ``max_long_partial_prefills`` long ones are prefilling;
+shorter prompts behind it in the queue are admitted meanwhile. A short request arriving
+during a long prefill thus gets its first token in the next step.
 """
 
 from __future__ import annotations
@@ -29,14 +36,23 @@ class ScheduledSeq:
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int,
-                 on_free: Callable[[Sequence], None] | None = None) -> None:
+                 on_free: Callable[[Sequence], None] | None = None,
+                 long_prefill_token_threshold: int = 0,
+                 max_long_partial_prefills: int = 1) -> None:
         """``on_free``: told each time a sequence's blocks are freed (finish, abort,
-        preemption), for a runner that keeps state of its own per sequence."""
+        preemption), for a runner that keeps state of its own per sequence.
+        ``long_prefill_token_threshold``: 0 = a prefill may take the whole budget (and
+        no prompt counts as long)."""
+        if long_prefill_token_threshold < 0 or max_long_partial_prefills < 1:
+            raise ValueError("long_prefill_token_threshold must be >= 0 and "
+                             "max_long_partial_prefills >= 1")
         self.on_free = on_free
         self.allocator = BlockAllocator(num_blocks)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.max_long_partial_prefills = max_long_partial_prefills
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -83,14 +99,25 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def _is_long(self, seq: Sequence) -> bool:
+        """More left to prefill than one step may give a prefill."""
+        t = self.long_prefill_token_threshold
+        return 0 < t < seq.num_tokens - seq.num_computed_tokens
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        t = self.long_prefill_token_threshold
+        return min(n, t) if t else n
+
     def schedule(self) -> list[ScheduledSeq]:
         out: list[ScheduledSeq] = []
         budget = self.max_num_batched_tokens
         preempted = False
+        long_prefills = 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = self._chunk(seq, budget)
             while not self.reserve(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -99,19 +126,26 @@ class Scheduler:
                     break
             if seq.status is not SeqStatus.RUNNING:
                 break
+            long_prefills += self._is_long(seq)
             out.append(self._scheduled(seq, n))
             budget -= n
             i += 1
         if preempted:  # memory is short: admit nobody new this step
             return out
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        j = 0  # waiting sequences in arrival order; long ones over the limit are passed
+        while j < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[j]
+            is_long = self._is_long(seq)
+            if is_long and long_prefills >= self.max_long_partial_prefills:
+                j += 1
+                continue
+            n = self._chunk(seq, budget)
             if not self.reserve(seq, seq.num_computed_tokens + n):
                 break
-            self.waiting.popleft()
+            del self.waiting[j]
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            long_prefills += is_long
             out.append(self._scheduled(seq, n))
             budget -= n
         return out

@@ -62,6 +62,13 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--max-num-seqs", "max_num_seqs", positive_int, "sequences running in one step"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", positive_int,
      "token budget of one step (longer prompts are prefilled in chunks)"),
+    ("--long-prefill-token-threshold", "long_prefill_token_threshold", non_negative_int,
+     "most tokens one prompt's prefill gets in a step, so short requests are admitted and "
+     "decoded while a long prompt prefills (0 = the whole step budget; default: 128 on "
+     "the llama.cpp runner, 256 on the torch runner on CPU, 0 on CUDA)"),
+    ("--max-long-partial-prefills", "max_long_partial_prefills", positive_int,
+     "prompts longer than --long-prefill-token-threshold prefilling at once; shorter "
+     "prompts queued behind the others go first"),
     ("--kv-cache-memory", "kv_cache_memory", parse_bytes,
      "memory for the KV cache, e.g. 2GiB"),
     ("--block-size", "block_size", positive_int, "tokens per KV block"),

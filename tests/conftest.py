@@ -38,7 +38,7 @@ def tokenizer(tokenizer_dir):
 
 
 def build_tiny_model(directory: Path, tokenizer_dir: Path, *, num_layers: int = 2,
-                     hidden: int = 64, seed: int = 0) -> Path:
+                     hidden: int = 64, seed: int = 0, max_positions: int = 1024) -> Path:
     """Save a tiny random Llama (real tokenizer, same vocab) to ``directory``."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -46,7 +46,7 @@ def build_tiny_model(directory: Path, tokenizer_dir: Path, *, num_layers: int = 
     config = LlamaConfig(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
+        max_position_embeddings=max_positions, bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
         tie_word_embeddings=False, initializer_range=0.2,
     )

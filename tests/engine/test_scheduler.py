@@ -128,3 +128,62 @@ def test_the_budget_is_never_exceeded(budget):
         sched.add(seq(i, n))
     for _ in range(12):
         assert sum(n for _, n, _ in step(sched)) <= budget
+
+
+def long_prefill_scheduler(**kw) -> Scheduler:
+    base = dict(num_blocks=256, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                long_prefill_token_threshold=16)
+    base.update(kw)
+    return Scheduler(**base)  # type: ignore[arg-type]
+
+
+def test_a_long_prefill_gets_at_most_the_threshold_a_step():
+    sched = long_prefill_scheduler()
+    sched.add(seq(0, 40))
+    assert [step(sched) for _ in range(4)] == [[(0, 16, False)], [(0, 16, False)],
+                                              [(0, 8, True)], [(0, 1, True)]]
+
+
+def test_a_short_prompt_arriving_during_a_long_prefill_is_prefilled_and_decoded_beside_it():
+    sched = long_prefill_scheduler()
+    sched.add(seq(0, 100))
+    assert step(sched) == [(0, 16, False)]
+    sched.add(seq(1, 10))
+    assert step(sched) == [(0, 16, False), (1, 10, True)]  # its first token: this step
+    assert step(sched) == [(0, 16, False), (1, 1, True)]
+
+
+def test_without_a_threshold_a_long_prefill_takes_the_whole_budget_and_blocks_the_queue():
+    """Today's behaviour with the threshold off (0): the head-of-line blocking it fixes."""
+    sched = long_prefill_scheduler(long_prefill_token_threshold=0)
+    sched.add(seq(0, 200))
+    step(sched)
+    sched.add(seq(1, 10))
+    assert step(sched) == [(0, 64, False)] and step(sched) == [(0, 64, False)]
+
+
+def test_a_second_long_prompt_waits_and_short_ones_queued_behind_it_go_first():
+    sched = long_prefill_scheduler()
+    for i, n in enumerate([100, 100, 10]):
+        sched.add(seq(i, n))
+    assert step(sched) == [(0, 16, False), (2, 10, True)]
+    assert [s.seq_id for s in sched.waiting] == [1]
+    for _ in range(5):  # 0 prefills tokens 16..95; 1 waits while 0 has more than 16 left
+        assert step(sched) == [(0, 16, False), (2, 1, True)]
+    # 0's last 4 tokens: no longer long, so 1 starts beside it
+    assert step(sched) == [(0, 4, True), (2, 1, True), (1, 16, False)]
+
+
+def test_max_long_partial_prefills_lets_that_many_long_prompts_prefill_at_once():
+    sched = long_prefill_scheduler(max_long_partial_prefills=2)
+    for i in range(3):
+        sched.add(seq(i, 100))
+    assert step(sched) == [(0, 16, False), (1, 16, False)]
+    assert [s.seq_id for s in sched.waiting] == [2]
+
+
+def test_the_long_prefill_limits_are_validated():
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        long_prefill_scheduler(long_prefill_token_threshold=-1)
+    with pytest.raises(ValueError, match="max_long_partial_prefills"):
+        long_prefill_scheduler(max_long_partial_prefills=0)

@@ -55,6 +55,24 @@ def _served_config(monkeypatch, argv: list[str]):
     return seen[0]
 
 
+def test_long_prefill_flags_reach_the_engine_config(monkeypatch):
+    default = _served_config(monkeypatch, [])
+    assert default.engine.long_prefill_token_threshold is None  # by runner
+    assert default.engine.max_long_partial_prefills == 1
+    seen = _served_config(monkeypatch, ["--long-prefill-token-threshold", "0",
+                                        "--max-long-partial-prefills", "2"])
+    assert seen.engine.long_prefill_token_threshold == 0
+    assert seen.engine.max_long_partial_prefills == 2
+
+
+@pytest.mark.parametrize("argv", [["--long-prefill-token-threshold", "-1"],
+                                  ["--max-long-partial-prefills", "0"]])
+def test_bad_long_prefill_flags_exit_with_usage(argv):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", *argv])
+    assert e.value.code == 2
+
+
 def test_tgis_flags_reach_the_server_config(monkeypatch):
     default = _served_config(monkeypatch, [])
     assert default.fmaas and default.tgis.default_include_stop_seqs

@@ -21,6 +21,12 @@ from engine.runners.select import choose_runner, llama_cpp_available
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
+from tests.engine.long_prefill import (
+    alone,
+    prompt_of,
+    short_during_long_prefill,
+    time_short_during_long_prefill,
+)
 from tests.engine.test_engine import run_to_completion
 from tests.engine.test_processors import RaiseFactory
 
@@ -298,3 +304,35 @@ def test_seeded_sampling_is_the_same_alone_among_mates_and_with_speculation(engi
     assert any(off) and not all(off)  # speculation on for some steps, off for others
     assert spec.stats().spec.accepted > 0
     assert spec.scheduler.allocator.num_used == 0
+
+
+# No head-of-line blocking on this runner, whose prefill is slow (~4.5 ms a token on 2
+# cores): the numbers of the torch test scaled to the 1,024-token context used here.
+LONG_PROMPT = 960
+
+
+@pytest.fixture(scope="module")
+def long_ids(engine) -> list[int]:
+    return prompt_of(engine.tokenizer, LONG_PROMPT)
+
+
+def test_a_short_request_during_a_long_prefill_gets_its_token_next_step_output_unchanged(
+        engine, long_ids, ids):
+    """First token one step after it arrives, while the long prompt still prefills (in
+    128-token chunks beside the short one); the long request's greedy tokens equal those
+    of its prefill as one 1,024-token step (ubatches of 63 keep them batch invariant)."""
+    assert engine.scheduler.long_prefill_token_threshold == 128  # this runner's default
+    got = short_during_long_prefill(engine, long_ids, greedy(8), ids[1], greedy(4))
+    assert got.steps_to_first_token == 1 and got.long_prefilling
+    whole = LLMEngine(config(long_prefill_token_threshold=0, max_num_batched_tokens=1024))
+    assert got.long_tokens == alone(whole, long_ids, greedy(8))
+    assert engine.scheduler.allocator.num_used == 0
+
+
+def test_short_ttft_while_a_long_prompt_prefills_is_within_two_steps_of_idle(
+        engine, long_ids):
+    short_ids = prompt_of(engine.tokenizer, 16, "Hello there, how are you today? ")
+    t = time_short_during_long_prefill(engine, long_ids, short_ids)
+    assert t.short_first, "the short request's first token came after the long prompt's"
+    # waits out the step it arrives in, then one step with a chunk; x1.5 for the noise
+    assert t.busy_ttft <= t.idle_ttft + 1.5 * 2 * t.step + 0.05, t
