@@ -7,6 +7,12 @@ by recompute when they run out. Each step spends a token budget: running sequenc
 seats and blocks last. When blocks run dry the most recently arrived running sequence is
 preempted: its blocks are freed and it goes back to the front of the queue, keeping its
 output tokens and processor state, to be prefilled again later.
+
+With prefix caching (engine/kv_cache.py) a sequence about to be prefilled first takes the
+cached blocks of its longest cached run of full blocks and computes only the rest (at
+least its last token, whose logits it samples); every full block of computed tokens is
+made findable as soon as it is computed. A request's ``n`` samples are admitted after the
+first has prefilled the prompt, so they share its blocks (one prefill).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kv_cache import BlockAllocator
+from engine.kv_cache import ROOT_HASH, BlockAllocator, block_hash
 from engine.sequence import SeqStatus, Sequence
 
 
@@ -29,11 +35,12 @@ class ScheduledSeq:
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int,
                  max_num_batched_tokens: int,
-                 on_free: Callable[[Sequence], None] | None = None) -> None:
+                 on_free: Callable[[Sequence], None] | None = None,
+                 prefix_caching: bool = False) -> None:
         """``on_free``: told each time a sequence's blocks are freed (finish, abort,
         preemption), for a runner that keeps state of its own per sequence."""
         self.on_free = on_free
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockAllocator(num_blocks, caching=prefix_caching)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -59,7 +66,9 @@ class Scheduler:
         self._free(seq)
 
     def _free(self, seq: Sequence) -> None:
+        self.cache_blocks(seq)
         self.allocator.free(seq.block_table)
+        seq.num_cached_blocks = 0
         if self.on_free is not None:
             self.on_free(seq)
 
@@ -74,6 +83,51 @@ class Scheduler:
             return False
         seq.block_table.extend(blocks)
         return True
+
+    # ---- prefix caching ------------------------------------------------------------
+
+    def _hash_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend ``seq.block_hashes`` over its first ``num_tokens`` tokens' full blocks."""
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), num_tokens // bs):
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Make ``seq``'s full blocks of computed tokens findable by later prompts."""
+        if not self.allocator.caching:
+            return
+        full = min(seq.num_computed_tokens, seq.num_tokens, len(seq.block_table) *
+                   self.block_size) // self.block_size
+        if full <= seq.num_cached_blocks:
+            return
+        self._hash_blocks(seq, full * self.block_size)
+        for i in range(seq.num_cached_blocks, full):
+            self.allocator.cache(seq.block_table[i], seq.block_hashes[i])
+        seq.num_cached_blocks = full
+
+    def _use_cached(self, seq: Sequence) -> None:
+        """A sequence about to be prefilled from scratch starts from its longest cached
+        run of full blocks (never its last token: that one's logits are sampled)."""
+        if not self.allocator.caching or seq.block_table or seq.num_computed_tokens:
+            return
+        usable = (seq.num_tokens - 1) // self.block_size
+        self._hash_blocks(seq, usable * self.block_size)
+        blocks = self.allocator.lookup(seq.block_hashes[:usable], self.block_size,
+                                       seq.num_tokens)
+        seq.block_table.extend(blocks)
+        seq.num_computed_tokens = seq.num_cached_blocks = len(blocks)
+        seq.num_computed_tokens *= self.block_size
+        if seq.index == 0 and seq.num_preemptions == 0:
+            seq.request.usage.cached_prompt_tokens = seq.num_computed_tokens
+
+    def _sibling_prefilling(self, seq: Sequence) -> bool:
+        """Another sample of ``seq``'s request is computing the prompt now: wait for its
+        blocks instead of computing them again."""
+        return self.allocator.caching and any(
+            s is not seq and s.status is SeqStatus.RUNNING
+            and s.num_computed_tokens < len(s.prompt_token_ids)
+            for s in seq.request.sequences)
 
     def _preempt(self, seq: Sequence) -> None:
         self._free(seq)
@@ -106,8 +160,13 @@ class Scheduler:
             return out
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self._sibling_prefilling(seq):
+                break
+            self._use_cached(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.reserve(seq, seq.num_computed_tokens + n):
+                self.allocator.free(seq.block_table)  # the cached blocks it took
+                seq.num_computed_tokens = seq.num_cached_blocks = 0
                 break
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
