@@ -32,6 +32,8 @@ class EngineConfig:
     max_long_partial_prefills: int = 1
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     block_size: int = 16  # tokens per KV block
+    # Automatic prefix caching: full KV blocks found again by later prompts (torch runner)
+    enable_prefix_caching: bool = True
     dtype: str = "auto"  # auto: fp32 on CPU; on CUDA the checkpoint's half dtype (fp32 -> bf16)
     device: str = "auto"  # auto = cuda if available else cpu
     max_waiting: int = 1024  # waiting-queue bound; beyond it generate() raises QueueFullError
@@ -63,6 +65,7 @@ class ModelInfo:
     quantization: str = ""  # weights as they run: "float32", "bfloat16", "Q4_1", ...
     spec_method: str = ""  # "" = speculative decoding off
     spec_k: int = 0
+    prefix_caching: bool = False  # the scheduler shares cached prompt blocks
 
 
 class QueueFullError(RuntimeError):

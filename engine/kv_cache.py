@@ -1,32 +1,112 @@
-"""The scheduler's view of the paged KV cache: block ids handed out by a free list.
+"""The scheduler's view of the paged KV cache: block ids, with automatic prefix caching.
 
 A sequence holds ``ceil(tokens / block_size)`` blocks of its runner's cache (the torch
-runner's tensors are in engine/runners/torch/kv_tensors.py). When the allocator runs dry
-the scheduler preempts a sequence (recompute later).
+runner's tensors are in engine/runners/torch/kv_tensors.py). A *full* block of computed
+tokens is identified by a hash chained over its parent block's hash and its own token ids
+(vLLM's automatic prefix caching), so a later prompt that starts with the same tokens
+reuses those blocks instead of computing them again. Blocks are reference-counted; a
+cached block that no sequence uses stays in the cache and is evicted least recently used
+only when a new block is needed, so caching never takes room a request would have had.
+When the allocator runs dry the scheduler preempts a sequence (recompute later).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+ROOT_HASH = b"genserve-prefix-v1"  # the parent of a sequence's first block
+
+
+def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
+    """The identity of a full block: its tokens after everything before them."""
+    return hashlib.blake2b(parent + np.asarray(token_ids, dtype=np.int64).tobytes(),
+                           digest_size=16).digest()
+
+
+@dataclass
+class PrefixCacheStats:
+    """Cumulative, in vLLM's units: prompt tokens looked up and tokens found cached."""
+
+    queries: int = 0
+    hits: int = 0
+
 
 class BlockAllocator:
-    """Free list of block ids. O(1) allocate/free; never hands out a block twice."""
+    """Block ids with reference counts. O(1) allocate/free; never hands out a block in
+    use. Freed blocks whose content is known (hashed) wait, least recently used first, to
+    be found again or evicted."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, caching: bool = False) -> None:
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, -1, -1))
+        self.caching = caching
+        self._free = list(range(num_blocks - 1, -1, -1))  # never used or content dropped
+        self._refs = [0] * num_blocks
+        self._hash_of: dict[int, bytes] = {}
+        self._by_hash: dict[bytes, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unused: LRU first
+        self.stats = PrefixCacheStats()
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks some sequence holds (cached blocks nobody holds are free to take)."""
+        return self.num_blocks - len(self._free) - len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks whose content is known and can be found by a later prompt."""
+        return len(self._by_hash)
 
     def allocate(self, n: int) -> list[int] | None:
-        """``n`` blocks, or None (and nothing taken) when fewer are free."""
-        if n > len(self._free):
+        """``n`` blocks, or None (and nothing taken) when fewer are free; cached blocks
+        nobody holds are evicted, least recently used first, when the free list is short."""
+        if n > len(self._free) + len(self._evictable):
             return None
         taken = self._free[len(self._free) - n:]
         del self._free[len(self._free) - n:]
+        while len(taken) < n:
+            block, _ = self._evictable.popitem(last=False)
+            del self._by_hash[self._hash_of.pop(block)]
+            taken.append(block)
+        for b in taken:
+            self._refs[b] = 1
         return taken
 
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        """Drop one reference to each block (and empty ``blocks``)."""
+        for b in reversed(blocks):
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                if b in self._hash_of:
+                    self._evictable[b] = None
+                else:
+                    self._free.append(b)
         blocks.clear()
+
+    def lookup(self, hashes: list[bytes], block_size: int, num_tokens: int) -> list[int]:
+        """The cached blocks of the longest run of ``hashes`` (the full blocks of a prompt of
+        ``num_tokens`` tokens, in order), each with a reference taken for the caller."""
+        found: list[int] = []
+        for h in hashes:
+            b = self._by_hash.get(h)
+            if b is None:
+                break
+            found.append(b)
+        for b in found:
+            if self._refs[b] == 0:
+                del self._evictable[b]
+            self._refs[b] += 1
+        self.stats.queries += num_tokens
+        self.stats.hits += len(found) * block_size
+        return found
+
+    def cache(self, block: int, h: bytes) -> None:
+        """``block`` now holds the full block identified by ``h``. A block with the same
+        content cached already keeps its place (this one stays private)."""
+        if h in self._by_hash or block in self._hash_of:
+            return
+        self._by_hash[h] = block
+        self._hash_of[block] = h

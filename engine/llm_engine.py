@@ -64,12 +64,17 @@ class LLMEngine:
                               runner=self.runner.name,
                               quantization=self.runner.quantization)
         self._eos = set(self.info.eos_token_ids)
+        caching = config.enable_prefix_caching and self.runner.supports_prefix_caching
+        if config.enable_prefix_caching and not caching:
+            log.info("prefix caching: not supported by the %s runner; off", self.runner.name)
         self.scheduler = Scheduler(self.runner.num_blocks, config.block_size,
                                    config.max_num_seqs, config.max_num_batched_tokens,
                                    on_free=lambda seq: self.runner.release(seq.seq_id),
                                    long_prefill_token_threshold=long_prefill_threshold(
                                        config, self.runner),
-                                   max_long_partial_prefills=config.max_long_partial_prefills)
+                                   max_long_partial_prefills=config.max_long_partial_prefills,
+                                   prefix_caching=caching)
+        self.info.prefix_caching = caching
         self.sampler = Sampler()
         self.processor_runner = ProcessorRunner(
             config.overlap_prepare if config.overlap_prepare is not None
@@ -213,6 +218,9 @@ class LLMEngine:
                 # accepted proposals are in the cache already: never computed again
                 entry.seq.num_computed_tokens += len(tokens) - 1
                 self._emit(entry.seq, tokens, lps)
+            for entry in layout.entries:
+                if not entry.seq.is_finished:
+                    self.scheduler.cache_blocks(entry.seq)
         return self._collect()
 
     def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, list[int]]:
@@ -337,4 +345,7 @@ class LLMEngine:
                            num_requests=len(self.requests), kv_blocks_total=alloc.num_blocks,
                            kv_blocks_used=alloc.num_used,
                            num_preemptions=self.scheduler.num_preemptions,
-                           spec=dataclasses.replace(spec))
+                           spec=dataclasses.replace(spec),
+                           prefix_cache_queries=alloc.stats.queries,
+                           prefix_cache_hits=alloc.stats.hits,
+                           prefix_cache_blocks=alloc.num_cached)

@@ -59,6 +59,7 @@ class CompletionDelta:
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     spec_proposed_tokens: int = 0
     spec_accepted_tokens: int = 0
 
@@ -125,6 +126,9 @@ class EngineStats:
     kv_blocks_used: int
     num_preemptions: int
     spec: SpecStats = field(default_factory=SpecStats)  # zeros when it does not speculate
+    prefix_cache_queries: int = 0  # prompt tokens looked up (vLLM's units)
+    prefix_cache_hits: int = 0  # prompt tokens found cached
+    prefix_cache_blocks: int = 0  # blocks findable now  # zeros when it does not speculate
     # requests (not sequences) with a sequence running / with every sequence waiting
     num_requests_running: int = 0
     num_requests_waiting: int = 0

@@ -14,6 +14,12 @@ leaves budget for others, and a prompt with more than that left to prefill ("lon
 starts only while fewer than ``max_long_partial_prefills`` long ones are prefilling;
 shorter prompts behind it in the queue are admitted meanwhile. A short request arriving
 during a long prefill thus gets its first token in the next step.
+
+With prefix caching (engine/kv_cache.py) a sequence about to be prefilled first takes the
+cached blocks of its longest cached run of full blocks and computes only the rest (at
+least its last token, whose logits it samples); every full block of computed tokens is
+made findable as soon as it is computed. A request's ``n`` samples are admitted after the
+first has prefilled the prompt, so they share its blocks (one prefill).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kv_cache import BlockAllocator
+from engine.kv_cache import ROOT_HASH, BlockAllocator, block_hash
 from engine.sequence import SeqStatus, Sequence
 
 
@@ -38,7 +44,8 @@ class Scheduler:
                  max_num_batched_tokens: int,
                  on_free: Callable[[Sequence], None] | None = None,
                  long_prefill_token_threshold: int = 0,
-                 max_long_partial_prefills: int = 1) -> None:
+                 max_long_partial_prefills: int = 1,
+                 prefix_caching: bool = False) -> None:
         """``on_free``: told each time a sequence's blocks are freed (finish, abort,
         preemption), for a runner that keeps state of its own per sequence.
         ``long_prefill_token_threshold``: 0 = a prefill may take the whole budget (and
@@ -47,7 +54,7 @@ class Scheduler:
             raise ValueError("long_prefill_token_threshold must be >= 0 and "
                              "max_long_partial_prefills >= 1")
         self.on_free = on_free
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockAllocator(num_blocks, caching=prefix_caching)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -75,7 +82,9 @@ class Scheduler:
         self._free(seq)
 
     def _free(self, seq: Sequence) -> None:
+        self.cache_blocks(seq)
         self.allocator.free(seq.block_table)
+        seq.num_cached_blocks = 0
         if self.on_free is not None:
             self.on_free(seq)
 
@@ -90,6 +99,56 @@ class Scheduler:
             return False
         seq.block_table.extend(blocks)
         return True
+
+    # ---- prefix caching ------------------------------------------------------------
+
+    def _hash_blocks(self, seq: Sequence, num_tokens: int) -> None:
+        """Extend ``seq.block_hashes`` over its first ``num_tokens`` tokens' full blocks."""
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), num_tokens // bs):
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Make ``seq``'s full blocks of computed tokens findable by later prompts."""
+        if not self.allocator.caching:
+            return
+        full = min(seq.num_computed_tokens, seq.num_tokens, len(seq.block_table) *
+                   self.block_size) // self.block_size
+        if full <= seq.num_cached_blocks:
+            return
+        self._hash_blocks(seq, full * self.block_size)
+        for i in range(seq.num_cached_blocks, full):
+            self.allocator.cache(seq.block_table[i], seq.block_hashes[i])
+        seq.num_cached_blocks = full
+
+    def _use_cached(self, seq: Sequence) -> None:
+        """A sequence about to be prefilled from scratch starts from its longest cached
+        run of full blocks (never its last token: that one's logits are sampled)."""
+        if not self.allocator.caching or seq.block_table or seq.num_computed_tokens:
+            return
+        usable = (seq.num_tokens - 1) // self.block_size
+        self._hash_blocks(seq, usable * self.block_size)
+        blocks = self.allocator.lookup(seq.block_hashes[:usable], self.block_size,
+                                       seq.num_tokens)
+        seq.block_table.extend(blocks)
+        seq.num_computed_tokens = seq.num_cached_blocks = len(blocks)
+        seq.num_computed_tokens *= self.block_size
+        if seq.index == 0 and seq.num_preemptions == 0:
+            seq.request.usage.cached_prompt_tokens = seq.num_computed_tokens
+
+    def _drop_cached(self, seq: Sequence) -> None:
+        """Give back the cached blocks a sequence took but will not run with this step."""
+        self.allocator.free(seq.block_table)
+        seq.num_computed_tokens = seq.num_cached_blocks = 0
+
+    def _sibling_prefilling(self, seq: Sequence) -> bool:
+        """Another sample of ``seq``'s request is computing the prompt now: wait for its
+        blocks instead of computing them again."""
+        return self.allocator.caching and any(
+            s is not seq and s.status is SeqStatus.RUNNING
+            and s.num_computed_tokens < len(s.prompt_token_ids)
+            for s in seq.request.sequences)
 
     def _preempt(self, seq: Sequence) -> None:
         self._free(seq)
@@ -135,12 +194,18 @@ class Scheduler:
         j = 0  # waiting sequences in arrival order; long ones over the limit are passed
         while j < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[j]
+            if self._sibling_prefilling(seq):
+                j += 1
+                continue
+            self._use_cached(seq)
             is_long = self._is_long(seq)
             if is_long and long_prefills >= self.max_long_partial_prefills:
+                self._drop_cached(seq)
                 j += 1
                 continue
             n = self._chunk(seq, budget)
             if not self.reserve(seq, seq.num_computed_tokens + n):
+                self._drop_cached(seq)
                 break
             del self.waiting[j]
             seq.status = SeqStatus.RUNNING

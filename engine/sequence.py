@@ -37,6 +37,8 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # leading tokens whose KV is in the cache
+    block_hashes: list[bytes] = field(default_factory=list)  # of its full blocks, in order
+    num_cached_blocks: int = 0  # leading blocks of block_table known to the prefix cache
     num_preemptions: int = 0
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: FinishReason | None = None

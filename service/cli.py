@@ -72,6 +72,9 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--kv-cache-memory", "kv_cache_memory", parse_bytes,
      "memory for the KV cache, e.g. 2GiB"),
     ("--block-size", "block_size", positive_int, "tokens per KV block"),
+    ("--enable-prefix-caching", "enable_prefix_caching", bool,
+     "reuse the KV blocks of prompt prefixes seen before (shared system prompts, chat "
+     "histories, n > 1 samples); torch runner (the llama.cpp runner has none)"),
     ("--revision", "revision", str, "a hub id's branch, tag or commit (default: main)"),
     ("--trust-remote-code", "trust_remote_code", bool,
      "run a model's own Python code (auto_map in its config.json); off by default"),
@@ -151,9 +154,11 @@ _SPEC_FLAGS: Flags = (  # SpeculativeConfig (and --spec-off-by-default)
 
 def _add_flags(p: argparse.ArgumentParser, defaults: object, flags: Flags) -> None:
     for flag, field, kind, help_ in flags:
-        how = ({"action": "store_true"} if kind is bool else
+        default = getattr(defaults, field)
+        how = ({"action": argparse.BooleanOptionalAction if default else "store_true"}
+               if kind is bool else
                {"choices": kind} if isinstance(kind, tuple) else {"type": kind})
-        p.add_argument(flag, default=getattr(defaults, field), help=help_, **how)
+        p.add_argument(flag, default=default, help=help_, **how)
 
 
 def _flag_values(args: argparse.Namespace, flags: Flags) -> dict[str, Any]:

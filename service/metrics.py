@@ -115,6 +115,12 @@ _ENGINE_METRICS: list[tuple[Callable[..., Metric], str, str, Callable[[EngineSta
      lambda s: s.kv_usage),
     (_G, "genserve_kv_cache_blocks", "KV-cache blocks in total", lambda s: s.kv_blocks_total),
     (_G, "genserve_kv_cache_blocks_used", "KV-cache blocks in use", lambda s: s.kv_blocks_used),
+    (_C, "genserve_prefix_cache_queries", "prompt tokens looked up in the prefix cache "
+     "(vLLM's prefix_cache_queries)", lambda s: s.prefix_cache_queries),
+    (_C, "genserve_prefix_cache_hits", "prompt tokens found in the prefix cache (vLLM's "
+     "prefix_cache_hits)", lambda s: s.prefix_cache_hits),
+    (_G, "genserve_prefix_cache_blocks", "KV blocks the prefix cache can find now",
+     lambda s: s.prefix_cache_blocks),
     (_C, "genserve_preemptions", "sequences preempted (recomputed later) for lack of KV "
      "blocks", lambda s: s.num_preemptions),
     (_C, "genserve_spec_steps", "engine steps that speculated (one verification pass each)",

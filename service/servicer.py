@@ -160,7 +160,8 @@ def _logprobs_pb(items: list[TokenLogprob], texts: TokenTexts) -> list[pb.TokenL
 def _usage_pb(u: Usage) -> pb.Usage:
     return pb.Usage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                     spec_proposed_tokens=u.spec_proposed_tokens,
-                    spec_accepted_tokens=u.spec_accepted_tokens)
+                    spec_accepted_tokens=u.spec_accepted_tokens,
+                    cached_prompt_tokens=u.cached_prompt_tokens)
 
 
 def _completion_pb(c: Completion, want_ids: bool, texts: TokenTexts) -> pb.Completion:
@@ -489,6 +490,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GetModelInfo(self, request, context):
         async with self._call("GetModelInfo", context, generation=False):
             info = self._live.info
+            stats = self._live.stats()
             kinds = self.structured.kinds() if self.structured else {}
             return pb.GetModelInfoResponse(
                 model_id=self.served_model_name or info.model_id,
@@ -498,7 +500,10 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 speculative=pb.SpeculativeInfo(method=info.spec_method, k=info.spec_k),
                 runner=info.runner, quantization=info.quantization,
                 structured_backend_info=self._backend_info(kinds),
-                max_new_tokens=self.limits.max_new_tokens)
+                max_new_tokens=self.limits.max_new_tokens,
+                prefix_cache=pb.PrefixCacheInfo(
+                    enabled=info.prefix_caching, queries=stats.prefix_cache_queries,
+                    hits=stats.prefix_cache_hits, cached_blocks=stats.prefix_cache_blocks))
 
 
 def _cancelled_code(context) -> grpc.StatusCode:

@@ -86,6 +86,8 @@ class Runner(Protocol):
     block_size: int
     num_blocks: int  # KV capacity the scheduler hands out, in blocks of block_size tokens
     max_rows_per_seq: int
+    # Block tables may share blocks between sequences (the scheduler's prefix caching)
+    supports_prefix_caching: bool
 
     @property
     def row_cost(self) -> float:

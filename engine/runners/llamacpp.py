@@ -128,6 +128,10 @@ class BatchArrays:
 
 class LlamaCppRunner:
     name = "llamacpp"
+    # llama.cpp keeps each sequence's KV in its own cells, not in the scheduler's block
+    # table: sharing a prompt's cells between sequences (llama_memory_seq_cp) is not wired
+    # up, so prefix caching is off on this runner.
+    supports_prefix_caching = False
 
     def __init__(self, config: EngineConfig) -> None:
         llama_cpp = llama_lib()

@@ -42,6 +42,7 @@ class ModelRunner:
     # Extra rows of a step are nearly free here: on the CPU the packed fp32 matmuls are
     # bandwidth bound (nine rows cost ~1.5 one-row steps), on CUDA far more so.
     row_cost = 0.0
+    supports_prefix_caching = True  # attention reads each row's blocks through its table
 
     def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,
                  num_blocks: int | None = None) -> None:

@@ -233,16 +233,18 @@ class Completion(_message.Message):
     def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., stop_sequence: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "spec_proposed_tokens", "spec_accepted_tokens", "cached_prompt_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
     spec_proposed_tokens: int
     spec_accepted_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ...) -> None: ...
+    cached_prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., spec_proposed_tokens: _Optional[int] = ..., spec_accepted_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "completions", "usage", "prompt_token_ids", "prompt_logprobs", "seed", "structured_backend")
@@ -353,7 +355,7 @@ class SpeculativeInfo(_message.Message):
     def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative", "structured_backend_info", "max_new_tokens", "runner", "quantization")
+    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative", "structured_backend_info", "max_new_tokens", "runner", "quantization", "prefix_cache")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +366,7 @@ class GetModelInfoResponse(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     RUNNER_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     max_model_len: int
     vocab_size: int
@@ -374,7 +377,20 @@ class GetModelInfoResponse(_message.Message):
     max_new_tokens: int
     runner: str
     quantization: str
-    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., runner: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
+    prefix_cache: PrefixCacheInfo
+    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., runner: _Optional[str] = ..., quantization: _Optional[str] = ..., prefix_cache: _Optional[_Union[PrefixCacheInfo, _Mapping]] = ...) -> None: ...
+
+class PrefixCacheInfo(_message.Message):
+    __slots__ = ("enabled", "queries", "hits", "cached_blocks")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    queries: int
+    hits: int
+    cached_blocks: int
+    def __init__(self, enabled: _Optional[bool] = ..., queries: _Optional[int] = ..., hits: _Optional[int] = ..., cached_blocks: _Optional[int] = ...) -> None: ...
 
 class StructuredBackendInfo(_message.Message):
     __slots__ = ("name", "kinds", "requests", "compiles", "compile_failures", "compile_seconds_total", "compile_seconds_max")

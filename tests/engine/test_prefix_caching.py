@@ -1,0 +1,205 @@
+"""Automatic prefix caching: full KV blocks found again by later prompts (hash chained over
+the parent block), shared with reference counts, evicted least recently used; outputs equal
+those computed without the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.kv_cache import ROOT_HASH, BlockAllocator, block_hash
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from specdecode.config import SpeculativeConfig
+from specdecode.worker import speculator_for
+from tests.engine.test_engine import greedy, run_to_completion
+
+BLOCK = 4
+
+
+def hashes(tokens: list[int]) -> list[bytes]:
+    out, parent = [], ROOT_HASH
+    for i in range(len(tokens) // BLOCK):
+        parent = block_hash(parent, tokens[i * BLOCK:(i + 1) * BLOCK])
+        out.append(parent)
+    return out
+
+
+# ---- the allocator ---------------------------------------------------------------------
+
+def test_a_block_hash_depends_on_everything_before_it():
+    a, b = hashes([1, 2, 3, 4, 5, 6, 7, 8]), hashes([9, 2, 3, 4, 5, 6, 7, 8])
+    assert a[0] != b[0] and a[1] != b[1]  # same tokens in block 1, other parent
+    assert hashes([1, 2, 3, 4, 5, 6, 7, 8]) == a
+
+
+def test_lookup_finds_the_longest_cached_run_and_counts_queries_and_hits():
+    alloc = BlockAllocator(8, caching=True)
+    hs = hashes(list(range(12)))
+    blocks = alloc.allocate(3)
+    for b, h in zip(blocks, hs, strict=True):
+        alloc.cache(b, h)
+    alloc.free(list(blocks))
+    other = hashes([0, 1, 2, 3, 4, 5, 6, 99, 8, 9, 10, 11])  # differs inside block 1
+    assert alloc.lookup(other, BLOCK, 12) == blocks[:1]  # partial hit: block 0 only
+    assert alloc.lookup(hs, BLOCK, 13) == blocks  # full hit
+    assert alloc.lookup(hashes([7] * 8), BLOCK, 8) == []  # miss
+    assert (alloc.stats.queries, alloc.stats.hits) == (33, 16)
+
+
+def test_cached_blocks_nobody_holds_are_evicted_least_recently_used_first():
+    alloc = BlockAllocator(3, caching=True)
+    hs = hashes(list(range(12)))
+    blocks = alloc.allocate(3)
+    for b, h in zip(blocks, hs, strict=True):
+        alloc.cache(b, h)
+    for b in (blocks[1], blocks[0], blocks[2]):  # freed in this order: LRU = 1, 0, 2
+        alloc.free([b])
+    assert alloc.num_used == 0 and alloc.num_cached == 3
+    assert alloc.allocate(1) == [blocks[1]]  # the least recently used goes first
+    assert alloc.lookup(hs[:1], BLOCK, 4) == [blocks[0]]
+    assert alloc.num_cached == 2
+    # caching never makes allocation fail: every block nobody holds can be taken
+    alloc.free([blocks[0]])
+    got = alloc.allocate(2)
+    assert got is not None and sorted(got) == sorted([blocks[0], blocks[2]])
+    assert alloc.num_cached == 0
+
+
+def test_a_shared_block_survives_one_sharers_free():
+    alloc = BlockAllocator(2, caching=True)
+    (b,) = alloc.allocate(1)
+    h = hashes([1, 2, 3, 4])
+    alloc.cache(b, h[0])
+    assert alloc.lookup(h, BLOCK, 4) == [b]  # second holder
+    alloc.free([b])
+    assert alloc.num_used == 1  # still held by the other
+    assert alloc.allocate(2) is None  # a held block is never handed out
+    alloc.free([b])
+    assert alloc.num_used == 0 and alloc.lookup(h, BLOCK, 4) == [b]
+
+
+# ---- the engine ------------------------------------------------------------------------
+
+SYSTEM = ("You are a careful assistant. Answer briefly and precisely, and say so when "
+          "you do not know. ") * 3
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    return [tokenizer(SYSTEM + q)["input_ids"] for q in
+            ("What is the capital of France?", "Name three prime numbers.",
+             "How far is the Moon?")]
+
+
+def engine(model_dir, caching: bool = True, **kw) -> LLMEngine:
+    kw.setdefault("block_size", BLOCK)
+    return LLMEngine(EngineConfig(model=str(model_dir), enable_prefix_caching=caching, **kw))
+
+
+def run_one_by_one(eng: LLMEngine, prompts, params=None) -> tuple[list[list[int]], list[int]]:
+    outs, cached = [], []
+    for i, ids in enumerate(prompts):
+        req = {}
+        for out in _steps(eng, f"r{i}", ids, params or greedy(8)):
+            req = out
+        outs.append(req["tokens"])
+        cached.append(req["cached"])
+    return outs, cached
+
+
+def _steps(eng: LLMEngine, rid: str, ids: list[int], params: SamplingParams):
+    eng.add_request(rid, ids, params)
+    tokens: list[int] = []
+    while eng.has_work:
+        for out in eng.step():
+            for d in out.deltas:
+                tokens.extend(d.token_ids)
+            if out.finished:
+                yield {"tokens": tokens, "cached": out.usage.cached_prompt_tokens}
+
+
+def test_a_shared_system_prompt_is_computed_once_and_greedy_output_is_unchanged(
+        tiny_model_dir, prompts):
+    plain, plain_cached = run_one_by_one(engine(tiny_model_dir, caching=False), prompts)
+    eng = engine(tiny_model_dir)
+    cached_out, cached = run_one_by_one(eng, prompts)
+    assert cached_out == plain
+    assert plain_cached == [0, 0, 0]
+    shared = min(
+        next(i for i, (a, b) in enumerate(zip(prompts[0], p, strict=False)) if a != b)
+        for p in prompts[1:])
+    assert cached[0] == 0
+    assert all(c == shared // BLOCK * BLOCK for c in cached[1:]), (cached, shared)
+    stats = eng.stats()
+    assert stats.prefix_cache_hits == sum(cached) and stats.prefix_cache_queries >= sum(
+        len(p) for p in prompts)
+
+
+def test_the_same_prompt_again_recomputes_only_its_last_token(tiny_model_dir, prompts):
+    eng = engine(tiny_model_dir)
+    first, _ = run_one_by_one(eng, prompts[:1])
+    again, cached = run_one_by_one(eng, prompts[:1])
+    assert again == first
+    assert cached == [(len(prompts[0]) - 1) // BLOCK * BLOCK]
+
+
+def test_n_samples_prefill_their_prompt_once(tiny_model_dir, prompts, monkeypatch):
+    eng = engine(tiny_model_dir)
+    computed: list[int] = []
+    real = eng.runner.execute
+
+    def counting(decodes, prefills):
+        computed.append(sum(len(p.token_ids) for p in prefills))
+        return real(decodes, prefills)
+
+    monkeypatch.setattr(eng.runner, "execute", counting)
+    params = SamplingParams(n=4, max_new_tokens=6, min_new_tokens=6, temperature=0.8, seed=3)
+    res = run_to_completion(eng, {0: [("r", prompts[0], params)]})
+    assert len(res["r"]) == 4
+    n = len(prompts[0])
+    assert sum(computed) <= n + 3 * (n - (n - 1) // BLOCK * BLOCK)  # once + 3 tails
+    off = engine(tiny_model_dir, caching=False)
+    assert run_to_completion(off, {0: [("r", prompts[0], params)]})["r"][0].token_ids == \
+        res["r"][0].token_ids
+
+
+def test_speculation_preemption_and_aborts_with_shared_blocks_change_no_output(
+        tiny_model_dir, prompts):
+    """A small cache (preemption of sequences sharing blocks), n-gram speculation, a
+    sharer aborted mid-run: greedy outputs equal a run without caching."""
+    spec = SpeculativeConfig(method="ngram", num_spec_tokens=3, ngram_min=1, ngram_max=3,
+                             disable_batch_size=64)
+    probe = engine(tiny_model_dir, kv_cache_memory=1 << 20)
+    per_block = probe.runner.kv_cache.spec.bytes_per_block  # type: ignore[attr-defined]
+    arrivals = {0: [(f"r{i}", p, greedy(16)) for i, p in enumerate(prompts)],
+                3: [("late", prompts[0] + prompts[1][-5:], greedy(16))]}
+    outs = {}
+    for caching in (False, True):
+        eng = LLMEngine(EngineConfig(model=str(tiny_model_dir), block_size=BLOCK,
+                                     kv_cache_memory=per_block * 24,
+                                     enable_prefix_caching=caching),
+                        speculator=speculator_for(spec))
+        eng.add_request("doomed", prompts[2], greedy(16))
+        eng.step()
+        eng.abort("doomed")
+        while eng.has_work:  # collect the aborted request's last output
+            eng.step()
+        res = run_to_completion(eng, arrivals)
+        outs[caching] = {r: c[0].token_ids for r, c in res.items()}
+        assert eng.scheduler.allocator.num_used == 0
+        if caching:  # shared prompt blocks let three run at once, then they outgrow it
+            assert eng.scheduler.num_preemptions > 0
+            assert eng.stats().prefix_cache_hits > 0
+    assert outs[True] == outs[False]
+
+
+def test_the_llamacpp_runner_serves_with_prefix_caching_off(tiny_model_dir):
+    """Runners whose KV is not in the scheduler's blocks say so; the engine turns caching
+    off for them rather than share blocks they do not read."""
+    from engine.runners.llamacpp import LlamaCppRunner
+    from engine.runners.torch import ModelRunner
+
+    assert ModelRunner.supports_prefix_caching and not LlamaCppRunner.supports_prefix_caching
+    assert engine(tiny_model_dir).info.prefix_caching
+    assert not engine(tiny_model_dir, caching=False).info.prefix_caching
