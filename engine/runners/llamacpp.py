@@ -28,6 +28,8 @@ import ctypes
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +63,9 @@ MAX_UBATCH = 63
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
 _backend_ready = False
+# ggml.h's enum ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT) in the llama.cpp
+# this package builds; llama-cpp-python's _logger still documents an older order.
+GGML_LOG_LEVEL_ERROR = 4
 
 
 def default_threads() -> int:
@@ -83,6 +88,41 @@ def llama_lib():
         llama_cpp.llama_backend_init()
         _backend_ready = True
     return llama_cpp
+
+
+@contextmanager
+def llama_errors(llama_cpp) -> Iterator[list[str]]:
+    """Collect llama.cpp's error log lines while the block runs (why a load failed: e.g.
+    "unknown model architecture: 'x'"), still printed as llama-cpp-python prints them."""
+    from llama_cpp import _logger
+
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def collect(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level == GGML_LOG_LEVEL_ERROR:
+            line = text.decode(errors="replace").strip()
+            if line:
+                lines.append(line)
+        _logger.llama_log_callback(level, text, user_data)
+
+    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+    try:
+        yield lines
+    finally:
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+
+def gguf_architecture(path: str) -> str | None:
+    """A GGUF's ``general.architecture``, None when it cannot be read (the gguf package
+    reads the file's metadata: used only to explain a failed load)."""
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(path).fields["general.architecture"]
+        return str(field.contents())
+    except Exception:  # a file too broken to read: the caller's message says so
+        return None
 
 
 @dataclass
@@ -157,9 +197,12 @@ class LlamaCppRunner:
         start = time.perf_counter()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        with llama_errors(llama_cpp) as errors:
+            self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
-            raise ValueError(f"llama.cpp could not load {path}")
+            reason = "; ".join(errors) or "no reason given"
+            raise ValueError(f"llama.cpp could not load {path} (general.architecture "
+                             f"{gguf_architecture(path)!r}): {reason}")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.quantization = (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(self.model))
@@ -208,7 +251,12 @@ class LlamaCppRunner:
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
-        self.tokenizer = load_tokenizer(source)
+        try:
+            self.tokenizer = load_tokenizer(source)
+        except ValueError as e:  # transformers reads GGUF tokenizers of a few archs only
+            raise ValueError(f"{path}: llama.cpp runs its architecture {arch!r}, but the "
+                             f"engine tokenises with transformers, which could not read "
+                             f"this GGUF's tokenizer: {e}") from e
         self._check_vocab()
         self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)
