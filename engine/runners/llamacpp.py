@@ -350,9 +350,13 @@ class LlamaCppRunner:
         if ours != theirs:
             at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False))
                        if a != b), min(len(ours), len(theirs)))
+            # e.g. transformers builds a GGUF's tokenizer by its architecture (a qwen2
+            # file gets Qwen2's pre-tokenizer) and ignores tokenizer.ggml.pre
             raise ValueError(f"the HF tokenizer and llama.cpp's vocabulary disagree at token "
                              f"{at} of a sample text ({ours[at:at + 3]} vs "
-                             f"{theirs[at:at + 3]})")
+                             f"{theirs[at:at + 3]}); architecture "
+                             f"{self._meta('general.architecture')!r}, tokenizer.ggml.pre "
+                             f"{self._meta('tokenizer.ggml.pre')!r}")
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own tokenisation (no special tokens added)."""

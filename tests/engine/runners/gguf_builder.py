@@ -41,11 +41,12 @@ def default_tokenizer_fields() -> dict[str, Any]:
 
 def write_gguf(model: Any, path: Path, *, arch: str | None = None,
                tokenizer_fields: dict[str, Any] | None = None,
-               extra: dict[str, float] | None = None) -> Path:
+               extra: dict[str, float] | None = None, pre: str | None = None) -> Path:
     """Write the HF causal LM ``model`` as an F32 GGUF of llama.cpp architecture ``arch``
     (default: the HF model type). ``arch`` may name an architecture llama.cpp does not know
     (its tensors are then written under Llama's names). ``extra``: float metadata keys
-    under the architecture's prefix (e.g. Granite's multipliers)."""
+    under the architecture's prefix (e.g. Granite's multipliers). ``pre``: the
+    pre-tokenizer (``tokenizer.ggml.pre``) instead of the default model's "smollm"."""
     import gguf
 
     cfg = model.config
@@ -68,7 +69,10 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, value in (extra or {}).items():
         w.add_float32(f"{arch}.{key}", value)
-    for key, (value, vtype, sub) in (tokenizer_fields or default_tokenizer_fields()).items():
+    fields = dict(tokenizer_fields or default_tokenizer_fields())
+    if pre is not None:
+        fields["tokenizer.ggml.pre"] = (pre, *fields["tokenizer.ggml.pre"][1:])
+    for key, (value, vtype, sub) in fields.items():
         w.add_key_value(key, value, vtype, sub_type=sub)
     for hf_name, tensor in model.state_dict().items():
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
