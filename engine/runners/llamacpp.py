@@ -251,13 +251,7 @@ class LlamaCppRunner:
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
-        try:
-            self.tokenizer = load_tokenizer(source)
-        except ValueError as e:  # transformers reads GGUF tokenizers of a few archs only
-            raise ValueError(f"{path}: llama.cpp runs its architecture {arch!r}, but the "
-                             f"engine tokenises with transformers, which could not read "
-                             f"this GGUF's tokenizer: {e}") from e
-        self._check_vocab()
+        self.tokenizer = self._load_tokenizer(source, path, arch)
         self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
@@ -339,24 +333,55 @@ class LlamaCppRunner:
         n = self.llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode() if n >= 0 else None
 
-    def _check_vocab(self) -> None:
-        """The engine tokenises with the HF tokenizer (as the torch runner does); its ids
-        must be llama.cpp's, or every prompt would be fed as other tokens."""
-        if len(self.tokenizer) > self.vocab_size:
-            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens; the GGUF's "
-                             f"vocabulary has {self.vocab_size}")
-        ours = self.tokenizer(_VOCAB_CHECK_TEXT, add_special_tokens=False)["input_ids"]
+    def _load_tokenizer(self, source: ModelSource, path: str, arch: str | None) -> Any:
+        """The HF tokenizer the engine tokenises with; its ids must be llama.cpp's.
+
+        First the torch runner's (transformers' GGUF loader, through the weights cache).
+        That loader reads only some architectures' files and gives a file the tokenizer
+        class of its architecture (a qwen2 file gets Qwen2's pre-tokenizer whatever its
+        ``tokenizer.ggml.pre`` says); so when it fails or disagrees with llama.cpp,
+        transformers' generic GGUF tokenizer, built from the file's ``tokenizer.ggml.*``
+        fields whatever the architecture. Neither agreeing is an error at start."""
+        from transformers import PreTrainedTokenizerFast
+
+        def generic() -> Any:
+            return PreTrainedTokenizerFast.from_pretrained(source.directory,
+                                                           gguf_file=source.gguf_file)
+
+        problems = []
+        for what, load in (("transformers' GGUF loader", lambda: load_tokenizer(source)),
+                           ("the file's tokenizer fields", generic)):
+            try:
+                tokenizer = load()
+            except (ValueError, KeyError, OSError) as e:
+                problems.append(f"{what}: {e}")
+                continue
+            problem = self._vocab_problem(tokenizer)
+            if problem is None:
+                if problems:
+                    log.info("llama.cpp runner: tokenizer built from %s (%s)", what,
+                             problems[0])
+                return tokenizer
+            problems.append(f"{what}: {problem}")
+        raise ValueError(f"{path}: no HF tokenizer agrees with llama.cpp's vocabulary of "
+                         f"this GGUF (architecture {arch!r}, tokenizer.ggml.model "
+                         f"{self._meta('tokenizer.ggml.model')!r}, tokenizer.ggml.pre "
+                         f"{self._meta('tokenizer.ggml.pre')!r}); " + "; ".join(problems))
+
+    def _vocab_problem(self, tokenizer: Any) -> str | None:
+        """Why ``tokenizer``'s ids are not llama.cpp's, None when they agree on a sample
+        text (or every prompt would be fed as other tokens)."""
+        if len(tokenizer) > self.vocab_size:
+            return (f"it has {len(tokenizer)} tokens; the GGUF's vocabulary has "
+                    f"{self.vocab_size}")
+        ours = tokenizer(_VOCAB_CHECK_TEXT, add_special_tokens=False)["input_ids"]
         theirs = self.tokenize(_VOCAB_CHECK_TEXT)
-        if ours != theirs:
-            at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False))
-                       if a != b), min(len(ours), len(theirs)))
-            # e.g. transformers builds a GGUF's tokenizer by its architecture (a qwen2
-            # file gets Qwen2's pre-tokenizer) and ignores tokenizer.ggml.pre
-            raise ValueError(f"the HF tokenizer and llama.cpp's vocabulary disagree at token "
-                             f"{at} of a sample text ({ours[at:at + 3]} vs "
-                             f"{theirs[at:at + 3]}); architecture "
-                             f"{self._meta('general.architecture')!r}, tokenizer.ggml.pre "
-                             f"{self._meta('tokenizer.ggml.pre')!r}")
+        if ours == theirs:
+            return None
+        at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                  min(len(ours), len(theirs)))
+        return (f"it and llama.cpp disagree at token {at} of a sample text "
+                f"({ours[at:at + 3]} vs {theirs[at:at + 3]})")
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own tokenisation (no special tokens added)."""

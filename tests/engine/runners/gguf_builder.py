@@ -4,8 +4,9 @@ than the default (Llama) GGUF without downloading anything.
 
 The tokenizer fields are copied from the default model's GGUF (the tiny HF models use its
 tokenizer); tensors are written as F32 under llama.cpp's names for the architecture.
-Only Llama-family models have their q/k weights permuted by the upstream converter
-(``LlamaModel.modify_tensors``): Qwen2 and Granite tensors go in as they are.
+Architectures llama.cpp runs with its interleaved ("normal") RoPE have their q/k weights
+permuted, as the upstream converter's ``LlamaModel.modify_tensors`` does (Granite's
+converter is a LlamaModel); NEOX-RoPE ones such as Qwen2 go in as they are.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+PERMUTED_QK = {"llama", "granite"}  # llama.cpp runs these with interleaved RoPE
 
 TOKENIZER_KEYS = (  # copied verbatim from the default GGUF
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
@@ -78,9 +81,20 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"no GGUF name for {hf_name} in architecture {arch}")
-        w.add_tensor(name, tensor.detach().float().numpy().astype(np.float32))
+        data = tensor.detach().float().numpy().astype(np.float32)
+        if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg.num_attention_heads if "q_proj" in hf_name else cfg.num_key_value_heads
+            data = permute_for_rope(data, heads)
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def permute_for_rope(weight: np.ndarray, heads: int) -> np.ndarray:
+    """HF's rotate-half q/k rows of each head reordered to llama.cpp's interleaved pairs
+    (upstream ``LlamaModel.permute``)."""
+    return (weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))

@@ -1,13 +1,15 @@
 """The llama.cpp runner on GGUFs of other architectures than Llama, written in the test
 from tiny random HF models (tests/engine/runners/gguf_builder.py):
 
-- Qwen2 (q/k/v biases): the engine's greedy output equals llama.cpp's own greedy
-  generation token for token, alone and in a batch; the GGUF is a faithful conversion
-  (llama.cpp's logits of the prompt match the HF model's, same first greedy token);
+- Qwen2 (q/k/v biases) and Granite (multipliers; a GGUF transformers' loader cannot
+  read at all): the engine's greedy output equals llama.cpp's own greedy generation
+  token for token, alone and in a batch; each GGUF is a faithful conversion (llama.cpp's
+  logits of the prompts match the HF model's, same greedy token);
 - an architecture llama.cpp does not know is refused at start, naming it;
-- one llama.cpp runs but transformers cannot read the tokenizer of (Granite) is refused
-  at start, naming it, rather than failing later; so is a tokenizer transformers reads
-  otherwise than llama.cpp (a qwen2 file with SmolLM's pre-tokenizer).
+- the engine's HF tokenizer agrees with llama.cpp's vocabulary, built from the file's
+  tokenizer fields when transformers' GGUF loader cannot read the file (Granite) or reads
+  its pre-tokenizer otherwise (a qwen2 file with SmolLM's); neither agreeing is refused
+  at start, naming the architecture.
 """
 
 from __future__ import annotations
@@ -76,13 +78,34 @@ def tiny_hf_model(cls_name: str, tokenizer, **extra):
     return model
 
 
+GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.1,
+               logits_scaling=2.0)
+GRANITE_GGUF = {"embedding_scale": 6.0, "residual_scale": 0.5, "attention.scale": 0.1,
+                "logit_scale": 2.0}
+
+
+def build(arch: str, directory: Path, tokenizer, tokenizer_fields) -> tuple[Any, Path]:
+    """(HF model, GGUF path) of a tiny ``arch`` model: "qwen2" (q/k/v biases; "qwen2"
+    pre-tokenisation, as Qwen2 GGUFs have) or "granite" (multipliers; a GGUF transformers
+    cannot load, but llama.cpp runs)."""
+    if arch == "qwen2":
+        model = tiny_hf_model("Qwen2Config", tokenizer)
+        return model, write_gguf(model, directory / "tiny-qwen2.gguf",
+                                 tokenizer_fields=tokenizer_fields, pre="qwen2")
+    model = tiny_hf_model("GraniteConfig", tokenizer, **GRANITE)
+    return model, write_gguf(model, directory / "tiny-granite.gguf",
+                             tokenizer_fields=tokenizer_fields, extra=GRANITE_GGUF)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "granite"])
+def built(request, tmp_path_factory, tokenizer, tokenizer_fields) -> tuple[Any, Path]:
+    return build(request.param, tmp_path_factory.mktemp(request.param), tokenizer,
+                 tokenizer_fields)
+
+
 @pytest.fixture(scope="module")
-def qwen2(tmp_path_factory, tokenizer, tokenizer_fields) -> tuple[Any, Path]:
-    model = tiny_hf_model("Qwen2Config", tokenizer)
-    path = tmp_path_factory.mktemp("qwen2") / "tiny-qwen2.gguf"
-    # "qwen2" pre-tokenisation, as Qwen2 GGUFs have: transformers builds the tokenizer of a
-    # qwen2 GGUF with Qwen2's pre-tokenizer whatever the file says (see the last test)
-    return model, write_gguf(model, path, tokenizer_fields=tokenizer_fields, pre="qwen2")
+def engine(built) -> LLMEngine:
+    return LLMEngine(config(built[1]))
 
 
 @pytest.fixture(scope="module")
@@ -99,18 +122,13 @@ def llama(path: Path, **kw):
 
 
 @pytest.fixture(scope="module")
-def reference(qwen2, ids) -> list[list[int]]:
+def reference(built, ids) -> list[list[int]]:
     """llama.cpp's own greedy generation (``Llama.generate`` at temperature 0)."""
-    llm = llama(qwen2[1])
+    llm = llama(built[1])
     out = [list(itertools.islice(llm.generate(p, temp=0.0, reset=True), MAX_NEW))
            for p in ids]
     llm.close()
     return out
-
-
-@pytest.fixture(scope="module")
-def engine(qwen2) -> LLMEngine:
-    return LLMEngine(config(qwen2[1]))
 
 
 def config(path: Path) -> EngineConfig:
@@ -122,13 +140,12 @@ def greedy() -> SamplingParams:
     return SamplingParams(max_new_tokens=MAX_NEW, ignore_eos=True)
 
 
-def test_qwen2_gguf_is_a_faithful_conversion_of_the_hf_model(qwen2, ids):
+def test_the_gguf_is_a_faithful_conversion_of_the_hf_model(built, ids):
     """llama.cpp's logits of every prompt position are the HF model's (its KV cache is f16:
-    small differences), so the written GGUF (biases included) is the model."""
+    small differences), so the written GGUF (biases, multipliers included) is the model."""
     import numpy as np
 
-    model, path = qwen2
-    assert model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    model, path = built
     llm = llama(path, logits_all=True)
     try:
         for p in ids:
@@ -143,60 +160,76 @@ def test_qwen2_gguf_is_a_faithful_conversion_of_the_hf_model(qwen2, ids):
         llm.close()
 
 
-def test_qwen2_gguf_loads_and_names_its_architecture(engine, tokenizer, ids):
+def test_the_gguf_loads_with_a_tokenizer_that_is_llama_cpps(built, engine, tokenizer, ids):
     runner = engine.runner
     assert engine.info.runner == "llamacpp"
-    assert runner._meta("general.architecture") == "qwen2"  # type: ignore[attr-defined]
+    assert runner._meta("general.architecture") == built[0].config.model_type  # type: ignore[attr-defined]
     assert engine.info.vocab_size == len(tokenizer)
     for text, mine in zip(PROMPTS, ids, strict=True):
         assert runner.tokenize(text) == mine  # type: ignore[attr-defined]
 
 
-def test_qwen2_greedy_alone_matches_llama_cpp_generate(engine, ids, reference):
+def test_greedy_alone_matches_llama_cpp_generate(engine, ids, reference):
     for i, p in enumerate(ids):
         res = run_to_completion(engine, {0: [(f"a{i}", p, greedy())]})
         assert res[f"a{i}"][0].token_ids == reference[i], f"prompt {i}"
     assert engine.scheduler.allocator.num_used == 0
 
 
-def test_qwen2_greedy_batch_matches_llama_cpp_generate(engine, ids, reference):
+def test_greedy_batch_matches_llama_cpp_generate(engine, ids, reference):
     res = run_to_completion(engine, {0: [(f"b{i}", p, greedy()) for i, p in enumerate(ids)]})
     for i in range(len(ids)):
         assert res[f"b{i}"][0].token_ids == reference[i], f"prompt {i}"
     assert engine.scheduler.allocator.num_used == 0
 
 
+def test_biases_are_random_so_the_conversion_test_sees_them(tokenizer):
+    model = tiny_hf_model("Qwen2Config", tokenizer)
+    assert model.model.layers[0].self_attn.q_proj.bias.abs().min() > 0
+
+
 def test_an_architecture_llama_cpp_does_not_know_is_refused_naming_it(
-        qwen2, tmp_path, tokenizer_fields):
-    path = write_gguf(qwen2[0], tmp_path / "odd.gguf", arch="nonesuch",
+        tmp_path, tokenizer, tokenizer_fields):
+    model = tiny_hf_model("Qwen2Config", tokenizer)
+    path = write_gguf(model, tmp_path / "odd.gguf", arch="nonesuch",
                       tokenizer_fields=tokenizer_fields)
     with pytest.raises(ValueError, match="unknown model architecture: 'nonesuch'") as err:
         LLMEngine(config(path))
     assert "general.architecture 'nonesuch'" in str(err.value)
 
 
-def test_an_architecture_transformers_cannot_tokenise_is_refused_naming_it(
+def test_a_pre_tokenizer_transformers_loader_ignores_is_read_from_the_file(
         tmp_path, tokenizer, tokenizer_fields):
-    """Granite runs on llama.cpp, but transformers' GGUF loader reads no Granite file, and
-    the engine tokenises with transformers: refused at start, the architecture named."""
-    model = tiny_hf_model("GraniteConfig", tokenizer, embedding_multiplier=6.0,
-                          residual_multiplier=0.5, attention_multiplier=0.1,
-                          logits_scaling=2.0)
-    path = write_gguf(model, tmp_path / "tiny-granite.gguf", tokenizer_fields=tokenizer_fields,
-                      extra={"embedding_scale": 6.0, "residual_scale": 0.5,
-                             "attention.scale": 0.1, "logit_scale": 2.0})
-    with pytest.raises(ValueError, match="llama.cpp runs its architecture 'granite', but "
-                                         "the engine tokenises with transformers"):
-        LLMEngine(config(path))
+    """transformers' GGUF loader gives a qwen2 file Qwen2's pre-tokenizer and ignores
+    tokenizer.ggml.pre: with SmolLM's ("smollm") it tokenises otherwise than llama.cpp,
+    so the runner builds the tokenizer from the file's fields, which agrees."""
+    model = tiny_hf_model("Qwen2Config", tokenizer)
+    path = write_gguf(model, tmp_path / "smollm-pre.gguf", tokenizer_fields=tokenizer_fields)
+    engine = LLMEngine(config(path))
+    runner = engine.runner
+    for text in PROMPTS + ["x = [1, 22, 333, 4444]\n\tprint(x)"]:
+        assert engine.tokenizer(text, add_special_tokens=False)["input_ids"] \
+            == runner.tokenize(text)  # type: ignore[attr-defined]
 
 
-def test_a_tokenizer_transformers_reads_otherwise_than_llama_cpp_is_refused(
-        qwen2, tmp_path, tokenizer_fields):
-    """transformers builds a qwen2 GGUF's tokenizer with Qwen2's pre-tokenizer and ignores
-    tokenizer.ggml.pre: with SmolLM's ("smollm") the two tokenise a sample text
-    differently, and the runner refuses at start, naming both, rather than feed prompts
-    as other tokens."""
-    path = write_gguf(qwen2[0], tmp_path / "smollm-pre.gguf", tokenizer_fields=tokenizer_fields)
-    with pytest.raises(ValueError, match="vocabulary disagree .*architecture 'qwen2', "
-                                         "tokenizer.ggml.pre 'smollm'"):
-        LLMEngine(config(path))
+def test_no_tokenizer_agreeing_with_llama_cpp_is_refused_naming_the_architecture(
+        monkeypatch, tmp_path, tokenizer, tokenizer_fields):
+    """Both ways to an HF tokenizer failing (here forced: a tokenizer type transformers
+    cannot build) is an error at start naming the file's architecture and both reasons."""
+    import transformers
+
+    import engine.runners.llamacpp as llamacpp
+
+    model = tiny_hf_model("GraniteConfig", tokenizer, **GRANITE)
+    path = write_gguf(model, tmp_path / "g.gguf", tokenizer_fields=tokenizer_fields,
+                      extra=GRANITE_GGUF)
+
+    def refuse(*args, **kwargs):
+        raise ValueError("Cannot build a tokenizer from a GGUF file stating tokenizer 'x'")
+
+    monkeypatch.setattr(transformers.PreTrainedTokenizerFast, "from_pretrained", refuse)
+    with pytest.raises(ValueError, match="no HF tokenizer agrees .*architecture 'granite'"
+                                         ".*GGUF loader: .*granite is not supported.*"
+                                         "tokenizer fields: Cannot build") as err:
+        llamacpp.LlamaCppRunner(config(path))
+    assert "tokenizer.ggml.model 'gpt2'" in str(err.value)
