@@ -218,11 +218,16 @@ def load_tokenizer(source: ModelSource, trust_remote_code: bool = False,
     tok = _load_via_cache(source, lambda s: AutoTokenizer.from_pretrained(
         s.directory, trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)))
     if chat_template:
-        path = Path(chat_template).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"--chat-template {chat_template!r}: no such file")
-        tok.chat_template = path.read_text()
+        use_chat_template(tok, chat_template)
     return tok
+
+
+def use_chat_template(tokenizer: Any, chat_template: str) -> None:
+    """``--chat-template FILE``: the file's Jinja template replaces the model's own."""
+    path = Path(chat_template).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"--chat-template {chat_template!r}: no such file")
+    tokenizer.chat_template = path.read_text()
 
 
 def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,

@@ -28,6 +28,8 @@ import ctypes
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +37,13 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
-from engine.loading.model_loader import ModelSource, hf_source, load_tokenizer, resolve_model
+from engine.loading.model_loader import (
+    ModelSource,
+    hf_source,
+    load_tokenizer,
+    resolve_model,
+    use_chat_template,
+)
 from engine.runners.base import (
     DEFAULT_MAX_MODEL_LEN,
     DecodeRow,
@@ -61,6 +69,9 @@ MAX_UBATCH = 63
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
 _backend_ready = False
+# ggml.h's enum ggml_log_level (NONE, DEBUG, INFO, WARN, ERROR, CONT) in the llama.cpp
+# this package builds; llama-cpp-python's _logger still documents an older order.
+GGML_LOG_LEVEL_ERROR = 4
 
 
 def default_threads() -> int:
@@ -83,6 +94,41 @@ def llama_lib():
         llama_cpp.llama_backend_init()
         _backend_ready = True
     return llama_cpp
+
+
+@contextmanager
+def llama_errors(llama_cpp) -> Iterator[list[str]]:
+    """Collect llama.cpp's error log lines while the block runs (why a load failed: e.g.
+    "unknown model architecture: 'x'"), still printed as llama-cpp-python prints them."""
+    from llama_cpp import _logger
+
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def collect(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level == GGML_LOG_LEVEL_ERROR:
+            line = text.decode(errors="replace").strip()
+            if line:
+                lines.append(line)
+        _logger.llama_log_callback(level, text, user_data)
+
+    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+    try:
+        yield lines
+    finally:
+        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+
+
+def gguf_architecture(path: str) -> str | None:
+    """A GGUF's ``general.architecture``, None when it cannot be read (the gguf package
+    reads the file's metadata: used only to explain a failed load)."""
+    try:
+        import gguf
+
+        field = gguf.GGUFReader(path).fields["general.architecture"]
+        return str(field.contents())
+    except Exception:  # a file too broken to read: the caller's message says so
+        return None
 
 
 @dataclass
@@ -161,9 +207,12 @@ class LlamaCppRunner:
         start = time.perf_counter()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        with llama_errors(llama_cpp) as errors:
+            self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
-            raise ValueError(f"llama.cpp could not load {path}")
+            reason = "; ".join(errors) or "no reason given"
+            raise ValueError(f"llama.cpp could not load {path} (general.architecture "
+                             f"{gguf_architecture(path)!r}): {reason}")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.quantization = (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(self.model))
@@ -212,9 +261,9 @@ class LlamaCppRunner:
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
-        self.tokenizer = load_tokenizer(source, config.trust_remote_code,
-                                        config.chat_template)
-        self._check_vocab()
+        self.tokenizer = self._load_tokenizer(source, path, arch)
+        if config.chat_template:
+            use_chat_template(self.tokenizer, config.chat_template)
         self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
@@ -296,20 +345,58 @@ class LlamaCppRunner:
         n = self.llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode() if n >= 0 else None
 
-    def _check_vocab(self) -> None:
-        """The engine tokenises with the HF tokenizer (as the torch runner does); its ids
-        must be llama.cpp's, or every prompt would be fed as other tokens."""
-        if len(self.tokenizer) > self.vocab_size:
-            raise ValueError(f"the tokenizer has {len(self.tokenizer)} tokens; the GGUF's "
-                             f"vocabulary has {self.vocab_size}")
-        ours = self.tokenizer(_VOCAB_CHECK_TEXT, add_special_tokens=False)["input_ids"]
+    def _load_tokenizer(self, source: ModelSource, path: str, arch: str | None) -> Any:
+        """The HF tokenizer the engine tokenises with; its ids must be llama.cpp's.
+
+        First the torch runner's (transformers' GGUF loader, through the weights cache).
+        That loader reads only some architectures' files and gives a file the tokenizer
+        class of its architecture (a qwen2 file gets Qwen2's pre-tokenizer whatever its
+        ``tokenizer.ggml.pre`` says); so when it fails or disagrees with llama.cpp,
+        transformers' generic GGUF tokenizer, built from the file's ``tokenizer.ggml.*``
+        fields whatever the architecture. Neither agreeing is an error at start."""
+        from transformers import PreTrainedTokenizerFast
+
+        def generic() -> Any:
+            return PreTrainedTokenizerFast.from_pretrained(source.directory,
+                                                           gguf_file=source.gguf_file)
+
+        problems = []
+        def loader() -> Any:
+            return load_tokenizer(source, self.config.trust_remote_code)
+
+        for what, load in (("transformers' GGUF loader", loader),
+                           ("the file's tokenizer fields", generic)):
+            try:
+                tokenizer = load()
+            except (ValueError, KeyError, OSError) as e:
+                problems.append(f"{what}: {e}")
+                continue
+            problem = self._vocab_problem(tokenizer)
+            if problem is None:
+                if problems:
+                    log.info("llama.cpp runner: tokenizer built from %s (%s)", what,
+                             problems[0])
+                return tokenizer
+            problems.append(f"{what}: {problem}")
+        raise ValueError(f"{path}: no HF tokenizer agrees with llama.cpp's vocabulary of "
+                         f"this GGUF (architecture {arch!r}, tokenizer.ggml.model "
+                         f"{self._meta('tokenizer.ggml.model')!r}, tokenizer.ggml.pre "
+                         f"{self._meta('tokenizer.ggml.pre')!r}); " + "; ".join(problems))
+
+    def _vocab_problem(self, tokenizer: Any) -> str | None:
+        """Why ``tokenizer``'s ids are not llama.cpp's, None when they agree on a sample
+        text (or every prompt would be fed as other tokens)."""
+        if len(tokenizer) > self.vocab_size:
+            return (f"it has {len(tokenizer)} tokens; the GGUF's vocabulary has "
+                    f"{self.vocab_size}")
+        ours = tokenizer(_VOCAB_CHECK_TEXT, add_special_tokens=False)["input_ids"]
         theirs = self.tokenize(_VOCAB_CHECK_TEXT)
-        if ours != theirs:
-            at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False))
-                       if a != b), min(len(ours), len(theirs)))
-            raise ValueError(f"the HF tokenizer and llama.cpp's vocabulary disagree at token "
-                             f"{at} of a sample text ({ours[at:at + 3]} vs "
-                             f"{theirs[at:at + 3]})")
+        if ours == theirs:
+            return None
+        at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+                  min(len(ours), len(theirs)))
+        return (f"it and llama.cpp disagree at token {at} of a sample text "
+                f"({ours[at:at + 3]} vs {theirs[at:at + 3]})")
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own tokenisation (no special tokens added)."""
