@@ -145,7 +145,9 @@ class Scheduler:
     def _sibling_prefilling(self, seq: Sequence) -> bool:
         """Another sample of ``seq``'s request is computing the prompt now: wait for its
         blocks instead of computing them again."""
-        return self.allocator.caching and any(
+        if not self.allocator.caching or len(seq.prompt_token_ids) <= self.block_size:
+            return False  # no full block to share: nothing to wait for
+        return any(
             s is not seq and s.status is SeqStatus.RUNNING
             and s.num_computed_tokens < len(s.prompt_token_ids)
             for s in seq.request.sequences)

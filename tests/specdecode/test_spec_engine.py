@@ -439,7 +439,10 @@ def test_seeded_output_is_the_same_with_a_sampling_draft_model(
     assert seeded_run(engine, ids) == seeded_alone
     assert seeded_run(engine, ids, {2: crowd(ids, 5, 2)}) == seeded_alone
     stats = engine.stats().spec
-    assert stats.proposed > 0 and stats.accepted > 0
+    assert stats.proposed > 0
+    if method == "draft-target":  # the target drafting for itself: its draws agree
+        assert stats.accepted > 0
+    # other drafts' acceptance depends on how close two random models are: not asserted
 
 
 def test_seeded_output_is_the_same_after_preemption_with_speculation(
