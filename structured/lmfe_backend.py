@@ -130,9 +130,10 @@ class TokenTexts:
         return next((ch for ch in text if not ch.isascii() and ch not in self.starts), None)
 
 
-def literal_strings(schema) -> list[str]:
-    """The strings a JSON schema makes the output spell (enum and const values)."""
-    found: list[str] = []
+def schema_keywords(schema, skip: tuple[str, ...] = ()):
+    """Every (keyword, value) of ``schema`` at any depth, sub-schemas under maps of names
+    (``properties``, ``$defs``, ...) included; the values of ``skip`` keywords (data, not
+    schemas) are not looked into."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -140,13 +141,21 @@ def literal_strings(schema) -> list[str]:
             stack.extend(node)
         elif isinstance(node, dict):
             for key, value in node.items():
-                if key in ("enum", "const"):
-                    values = value if isinstance(value, list) else [value]
-                    found.extend(v for v in values if isinstance(v, str))
-                elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                yield key, value
+                if key in _SCHEMA_MAPS and isinstance(value, dict):
                     stack.extend(value.values())
-                elif key not in ("default", "examples", "description", "title"):
+                elif key not in skip:
                     stack.append(value)
+
+
+def literal_strings(schema) -> list[str]:
+    """The strings a JSON schema makes the output spell (enum and const values)."""
+    found: list[str] = []
+    for key, value in schema_keywords(schema, ("enum", "const", "default", "examples",
+                                               "description", "title")):
+        if key in ("enum", "const"):
+            values = value if isinstance(value, list) else [value]
+            found.extend(v for v in values if isinstance(v, str))
     return found
 
 
@@ -156,21 +165,9 @@ def whitespace_limit(mode: str, max_whitespace: int) -> int:
 
 def unenforced_keywords(schema) -> set[str]:
     """Keywords in ``schema`` (at any depth) that lm-format-enforcer would not enforce."""
-    found: set[str] = set()
-    stack = [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, list):
-            stack.extend(node)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if key in UNENFORCED_KEYWORDS:
-                    found.add(key)
-                if key in _SCHEMA_MAPS and isinstance(value, dict):
-                    stack.extend(value.values())
-                elif key not in ("enum", "const", "default", "examples", "required"):
-                    stack.append(value)
-    return found
+    return {key for key, _ in schema_keywords(schema, ("enum", "const", "default",
+                                                       "examples", "required"))
+            if key in UNENFORCED_KEYWORDS}
 
 
 # ---------------------------------------------------------------------------------------
