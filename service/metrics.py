@@ -22,7 +22,12 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from engine.outputs import EngineStats, FinishReason, RequestTimes, Usage
@@ -118,6 +123,28 @@ class EngineCollector(Collector):
                                 value=s.num_requests_waiting)
         yield GaugeMetricFamily("tgi_batch_current_size", "TGIS: requests in the running "
                                 "batch", value=s.num_requests_running)
+
+
+class BareCounters(Collector):
+    """TGIS's counters under their bare names too (``tgi_request_success`` beside
+    ``tgi_request_success_total``): TGIS's Rust exporter wrote them without the suffix,
+    later TGIS writes both, and dashboards and autoscalers query the bare name, which
+    prometheus_client never writes for a counter. Untyped, the type Prometheus gives a
+    name it has no TYPE line for."""
+
+    def __init__(self, counters: list[Counter]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        for counter in self._counters:
+            for family in counter.collect():
+                bare = UnknownMetricFamily(family.name, family.documentation,
+                                           labels=list(counter._labelnames))
+                for sample in family.samples:
+                    if sample.name == family.name + "_total":
+                        bare.add_metric([sample.labels[k] for k in counter._labelnames],
+                                        sample.value)
+                yield bare
 
 
 def _acceptance(s: EngineStats) -> float:
@@ -272,6 +299,8 @@ class Metrics:
                     for name, doc, buckets in hist}
         for kind in ("single", "batch", "stream"):
             self.tgi_request_count.labels(kind)
+        r.register(BareCounters([self.tgi_request_count, self.tgi_request_input_count,
+                                 self.tgi_request_success, self.tgi_request_failure]))
 
     def observe_call(self, rpc: str, code: str, inputs: int, duration: float,
                      item_codes: list[str]) -> None:

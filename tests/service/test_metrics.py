@@ -250,9 +250,18 @@ def test_scrape_output_is_valid_exposition_text(server):
 
 
 def _types(port: int) -> dict[str, str]:
+    """Family name -> type (a counter's bare-named twin, untyped, does not count)."""
+    return {name: "counter" if "counter" in kinds else kinds.pop()
+            for name, kinds in all_types(port).items()}
+
+
+def all_types(port: int) -> dict[str, set[str]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {f.name: f.type for f in text_string_to_metric_families(text)}
+    out: dict[str, set[str]] = {}
+    for f in text_string_to_metric_families(text):
+        out.setdefault(f.name, set()).add(f.type)
+    return out
 
 
 # vLLM's core serving metrics under our prefix (README "Metrics": the mapping)
@@ -403,6 +412,14 @@ def test_tgis_metric_names_count_calls_inputs_tokens_and_failures(server, stub, 
 
     for name, kind in TGIS.items():
         assert types.get(name) == kind, (name, types.get(name))
+    # TGIS writes each counter twice, bare and with _total: dashboards query either
+    for name in ("tgi_request_count", "tgi_request_input_count", "tgi_request_success",
+                 "tgi_request_failure"):
+        assert all_types(port)[name] == {"counter", "unknown"}, name
+    assert value(after, "tgi_request_count", kind="single") == value(
+        after, "tgi_request_count_total", kind="single") > 0
+    assert value(after, "tgi_request_failure", err="validation") == value(
+        after, "tgi_request_failure_total", err="validation") > 0
     assert delta("tgi_request_count_total", kind="single") == 2  # the invalid one too
     assert delta("tgi_request_count_total", kind="batch") == 2  # ours and TGIS's
     assert delta("tgi_request_count_total", kind="stream") == 1
