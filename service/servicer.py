@@ -28,7 +28,7 @@ from engine.outputs import (
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.logs import request_id_var
-from service.metrics import Metrics
+from service.metrics import FINISHED_REASON, Metrics
 from service.processor_plugins import PluginRegistry
 from service.validation import (
     InvalidArgument,
@@ -347,21 +347,21 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         for when, tokens in collector.token_times:
             clock.tick(when, tokens)
         if collector.finished:
-            self.metrics.observe_request(
-                collector.times, collector.usage,
-                [c.finish_reason for c in collector.completions() if c.finish_reason],
-                parsed.params.max_new_tokens)
-            self._trace(parsed, call, collector.usage, collector.times)
+            reasons = [c.finish_reason for c in collector.completions() if c.finish_reason]
+            self.metrics.observe_request(collector.times, collector.usage, reasons,
+                                         parsed.params.max_new_tokens)
+            self._trace(parsed, call, collector.usage, collector.times, reasons)
         return collector
 
     def _trace(self, parsed: ParsedRequest, call: Call, usage: Usage,
-               times: RequestTimes | None) -> None:
+               times: RequestTimes | None, reasons: list[FinishReason]) -> None:
         """A finished request's span, when tracing is on."""
         if self.tracer is None or call.trace is None:
             return
         try:
             self.tracer.record(call.trace, parsed.request_id, self.metrics.model_name,
-                               parsed.params, usage, times)
+                               parsed.params, usage, times,
+                               [FINISHED_REASON[r] for r in reasons])
         except Exception:  # tracing is auxiliary: never fail the answer for it
             log.exception("could not record the request's trace span")
 
@@ -406,7 +406,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 if out.finished:
                     self.metrics.observe_request(out.times, out.usage, reasons,
                                                  parsed.params.max_new_tokens)
-                    self._trace(parsed, call, out.usage, out.times)
+                    self._trace(parsed, call, out.usage, out.times, reasons)
                 yield out
 
     # ---- RPCs -----------------------------------------------------------------------

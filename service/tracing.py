@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -32,6 +32,7 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 # vLLM's SpanAttributes (vllm/tracing.py) that we can fill.
 REQUEST_ID = "gen_ai.request.id"
 RESPONSE_MODEL = "gen_ai.response.model"
+RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"  # vLLM's words: stop, length...
 REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 REQUEST_TEMPERATURE = "gen_ai.request.temperature"
 REQUEST_TOP_P = "gen_ai.request.top_p"
@@ -77,7 +78,8 @@ class RequestTracer:
         return {k: v for k, v in metadata or () if k in TRACE_HEADERS and isinstance(v, str)}
 
     def record(self, carrier: Mapping[str, str], request_id: str, model: str,
-               params: SamplingParams, usage: Usage, times: RequestTimes | None) -> None:
+               params: SamplingParams, usage: Usage, times: RequestTimes | None,
+               finish_reasons: Sequence[str] = ()) -> None:
         """One span from the request's arrival in the engine to its finish, parented by
         ``carrier`` (a new trace when it holds no valid ``traceparent``)."""
         t = times
@@ -87,12 +89,13 @@ class RequestTracer:
             return None if mono is None else now_ns - int((now_mono - mono) * 1e9)
 
         p = params
-        attrs: dict[str, str | int | float] = {
+        attrs: dict[str, str | int | float | Sequence[str]] = {
             REQUEST_ID: request_id, RESPONSE_MODEL: model,
             REQUEST_MAX_TOKENS: p.max_new_tokens, REQUEST_TEMPERATURE: p.temperature,
             REQUEST_TOP_P: p.top_p, REQUEST_N: p.n, USAGE_NUM_SEQUENCES: p.n,
             USAGE_PROMPT_TOKENS: usage.prompt_tokens,
-            USAGE_COMPLETION_TOKENS: usage.completion_tokens}
+            USAGE_COMPLETION_TOKENS: usage.completion_tokens,
+            RESPONSE_FINISH_REASONS: list(finish_reasons)}
         if t is not None:
             for name, value in (
                     (LATENCY_TIME_IN_QUEUE, _between(t.arrival, t.first_scheduled)),

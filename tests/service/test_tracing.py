@@ -83,6 +83,7 @@ def test_generate_span_continues_the_callers_traceparent(stub, spans):
     assert a[tracing.USAGE_PROMPT_TOKENS] == resp.usage.prompt_tokens > 0
     assert a[tracing.USAGE_COMPLETION_TOKENS] == resp.usage.completion_tokens == 6
     assert a[tracing.REQUEST_MAX_TOKENS] == 6 and a[tracing.REQUEST_N] == 1
+    assert a[tracing.RESPONSE_FINISH_REASONS] == ("length",)
     assert a[tracing.REQUEST_TEMPERATURE] == pytest.approx(0.7)
     assert a[tracing.REQUEST_TOP_P] == pytest.approx(0.9)
     e2e = a[tracing.LATENCY_E2E]
@@ -110,6 +111,7 @@ def test_each_batch_item_stream_and_tgis_input_gets_its_own_span(stub, spans, tr
     # the invalid batch item never reached the engine: no span
     assert sorted(s.attributes[tracing.USAGE_COMPLETION_TOKENS] for s in got) == [2, 3, 4, 5]
     assert {s.context.trace_id for s in got} == {TRACE_ID}
+    assert {s.attributes[tracing.RESPONSE_FINISH_REASONS] for s in got} == {("length",)}
     assert {s.parent.span_id for s in got} == {PARENT_ID}
     assert len({s.context.span_id for s in got}) == 4
     ids = {s.attributes[tracing.REQUEST_ID] for s in got}
