@@ -242,6 +242,10 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
                         "message, request_id, ...)")
     p.add_argument("--metrics-port", type=non_negative_int, default=9400,
                    help="Prometheus metrics over HTTP on --host at this port; 0 = off")
+    p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="export an OpenTelemetry span per generation request over OTLP/gRPC "
+                        "to this collector (e.g. http://localhost:4317), continuing the "
+                        "caller's traceparent; default: off")
     p.add_argument("--health-port", type=non_negative_int, default=None,
                    help="also serve grpc.health.v1 alone, plaintext, on this port (for "
                         "Kubernetes gRPC probes when --tls-cert is set); default: off")
@@ -398,7 +402,7 @@ def _run_serve(args) -> int:
             tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, fmaas=args.fmaas,
             tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs),
             served_model_name=args.served_model_name, seed=args.seed,
-            health_port=args.health_port)
+            health_port=args.health_port, otlp_traces_endpoint=args.otlp_traces_endpoint)
     except ValueError as e:
         print(f"genserve serve: error: {e}", file=sys.stderr)
         return 2

@@ -22,7 +22,12 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from engine.outputs import EngineStats, FinishReason, RequestTimes, Usage
@@ -65,6 +70,24 @@ _STAGES = (
 )
 
 
+# TGIS's names (IBM text-generation-inference's router, re-emitted by vllm-tgis-adapter
+# "for TGIS opsviz"), beside ours, so TGIS dashboards and alerts keep working.
+TGIS_DURATION_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+                         10.0, 20.0, 50.0)
+# TGIS's stop_reason names (its StopReason enum) for our finish reasons.
+TGIS_STOP_REASON = {FinishReason.EOS: "EOS_TOKEN", FinishReason.STOP_TOKEN: "EOS_TOKEN",
+                    FinishReason.STOP_SEQUENCE: "STOP_SEQUENCE",
+                    FinishReason.LENGTH: "MAX_TOKENS", FinishReason.TIME_LIMIT: "TIME_LIMIT",
+                    FinishReason.ABORTED: "CANCELLED", FinishReason.ERROR: "ERROR"}
+# TGIS's err label (vllm-tgis-adapter's FailureReasonLabel) for a failed call's code.
+TGIS_FAILURE = {"INVALID_ARGUMENT": "validation", "CANCELLED": "cancelled",
+                "DEADLINE_EXCEEDED": "timeout", "RESOURCE_EXHAUSTED": "conc_limit",
+                "INTERNAL": "generate"}
+# TGIS's kind label of tgi_request_count by RPC.
+TGIS_KIND = {"Generate": "single", "GenerateBatch": "batch", "GenerateStream": "stream",
+             "fmaas/Generate": "batch", "fmaas/GenerateStream": "stream"}
+
+
 class EngineCollector(Collector):
     """Gauges and counters computed from ``EngineStats`` (and the server's state) per scrape."""
 
@@ -96,6 +119,32 @@ class EngineCollector(Collector):
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
             family.add_metric([model], value)
             yield family
+        yield GaugeMetricFamily("tgi_queue_size", "TGIS: requests waiting in the queue",
+                                value=s.num_requests_waiting)
+        yield GaugeMetricFamily("tgi_batch_current_size", "TGIS: requests in the running "
+                                "batch", value=s.num_requests_running)
+
+
+class BareCounters(Collector):
+    """TGIS's counters under their bare names too (``tgi_request_success`` beside
+    ``tgi_request_success_total``): TGIS's Rust exporter wrote them without the suffix,
+    later TGIS writes both, and dashboards and autoscalers query the bare name, which
+    prometheus_client never writes for a counter. Untyped, the type Prometheus gives a
+    name it has no TYPE line for."""
+
+    def __init__(self, counters: list[Counter]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        for counter in self._counters:
+            for family in counter.collect():
+                bare = UnknownMetricFamily(family.name, family.documentation,
+                                           labels=list(counter._labelnames))
+                for sample in family.samples:
+                    if sample.name == family.name + "_total":
+                        bare.add_metric([sample.labels[k] for k in counter._labelnames],
+                                        sample.value)
+                yield bare
 
 
 def _acceptance(s: EngineStats) -> float:
@@ -212,11 +261,65 @@ class Metrics:
                                      "server", rpc_labels, registry=r)
         self.grpc_sent = Counter("grpc_server_msg_sent", "messages sent by the server",
                                  rpc_labels, registry=r)
+        self._add_tgis_metrics()
         for rpc in RPCS:  # visible (at 0) before the first call
             self.requests.labels(rpc, "OK")
             self.request_duration.labels(rpc)
         self._http: WSGIServer | None = None
         self._thread: threading.Thread | None = None
+
+    def _add_tgis_metrics(self) -> None:
+        """TGIS's request metrics, with its types; no model label (TGIS serves one)."""
+        r = self.registry
+        self.tgi_request_count = Counter(
+            "tgi_request_count", "TGIS: generation calls received, by kind (single, batch, "
+            "stream)", ["kind"], registry=r)
+        self.tgi_request_input_count = Counter(
+            "tgi_request_input_count", "TGIS: generation inputs received (a batch of n "
+            "counts n)", registry=r)
+        self.tgi_request_success = Counter(
+            "tgi_request_success", "TGIS: generation requests answered, by the stop_reason "
+            "of their (first) sequence", ["stop_reason"], registry=r)
+        self.tgi_request_failure = Counter(
+            "tgi_request_failure", "TGIS: failed generation calls and batch inputs, by err "
+            "(validation, cancelled, timeout, conc_limit, generate, unknown)", ["err"],
+            registry=r)
+        hist = [
+            ("tgi_request_input_length", "prompt length of finished requests, tokens",
+             TOKEN_BUCKETS),
+            ("tgi_request_max_new_tokens", "max_new_tokens of finished requests",
+             TOKEN_BUCKETS),
+            ("tgi_request_generated_tokens", "tokens generated by finished requests",
+             TOKEN_BUCKETS),
+            ("tgi_request_total_tokens", "prompt + generated tokens of finished requests",
+             TOKEN_BUCKETS),
+            ("tgi_request_duration", "generation call duration, arrival to answer, seconds",
+             TGIS_DURATION_BUCKETS),
+            ("tgi_request_queue_duration", "time a request waited before its first step, "
+             "seconds", TGIS_DURATION_BUCKETS),
+            ("tgi_request_inference_duration", "first scheduled step to the last token, "
+             "seconds", TGIS_DURATION_BUCKETS),
+            ("tgi_request_mean_time_per_token_duration", "inference duration / generated "
+             "tokens, seconds", TGIS_DURATION_BUCKETS)]
+        self.tgi = {name: Histogram(name, f"TGIS: {doc}", buckets=buckets, registry=r)
+                    for name, doc, buckets in hist}
+        for kind in ("single", "batch", "stream"):
+            self.tgi_request_count.labels(kind)
+        r.register(BareCounters([self.tgi_request_count, self.tgi_request_input_count,
+                                 self.tgi_request_success, self.tgi_request_failure]))
+
+    def observe_call(self, rpc: str, code: str, inputs: int, duration: float,
+                     item_codes: list[str]) -> None:
+        """TGIS's per-call metrics of a generation RPC (``rpc`` as the servicer names it);
+        ``item_codes``: a batch's per-input codes."""
+        kind = TGIS_KIND.get(rpc)
+        if kind is None:
+            return
+        self.tgi_request_count.labels(kind).inc()
+        self.tgi_request_input_count.inc(inputs)
+        self.tgi["tgi_request_duration"].observe(duration)
+        for failed in ([code] if code != "OK" else []) + [c for c in item_codes if c != "OK"]:
+            self.tgi_request_failure.labels(TGIS_FAILURE.get(failed, "unknown")).inc()
 
     def add_engine_collector(self, stats: Callable[[], EngineStats | None],
                              in_flight: Callable[[], int]) -> None:
@@ -227,7 +330,8 @@ class Metrics:
         self.iteration_tokens.labels(self.model_name).observe(tokens)
 
     def observe_request(self, times: RequestTimes | None, usage: Usage,
-                        finish_reasons: list[FinishReason]) -> None:
+                        finish_reasons: list[FinishReason],
+                        max_new_tokens: int | None = None) -> None:
         """A finished request's stage latencies, lengths and its sequences' finish
         reasons."""
         model = self.model_name
@@ -235,12 +339,34 @@ class Metrics:
             self.request_success.labels(model, FINISHED_REASON[reason]).inc()
         self.request_prompt_tokens.labels(model).observe(usage.prompt_tokens)
         self.request_generation_tokens.labels(model).observe(usage.completion_tokens)
+        self._observe_tgis(times, usage, finish_reasons, max_new_tokens)
         if times is None or times.finished is None:
             return
         for start, end, histogram in self.stage_latency:
             begun, ended = getattr(times, start), getattr(times, end)
             if begun is not None and ended is not None:
                 histogram.labels(model).observe(ended - begun)
+
+    def _observe_tgis(self, times: RequestTimes | None, usage: Usage,
+                      finish_reasons: list[FinishReason], max_new_tokens: int | None) -> None:
+        tgi = self.tgi
+        if finish_reasons:
+            self.tgi_request_success.labels(TGIS_STOP_REASON[finish_reasons[0]]).inc()
+        tgi["tgi_request_input_length"].observe(usage.prompt_tokens)
+        tgi["tgi_request_generated_tokens"].observe(usage.completion_tokens)
+        tgi["tgi_request_total_tokens"].observe(usage.prompt_tokens + usage.completion_tokens)
+        if max_new_tokens is not None:
+            tgi["tgi_request_max_new_tokens"].observe(max_new_tokens)
+        if times is None or times.first_scheduled is None:
+            return
+        tgi["tgi_request_queue_duration"].observe(times.first_scheduled - times.arrival)
+        if times.finished is None:
+            return
+        inference = times.finished - times.first_scheduled
+        tgi["tgi_request_inference_duration"].observe(inference)
+        if usage.completion_tokens:
+            tgi["tgi_request_mean_time_per_token_duration"].observe(
+                inference / usage.completion_tokens)
 
     # StructuredOutputs observer protocol (structured.manager.CompileObserver)
     def on_compile(self, backend: str, seconds: float, ok: bool) -> None:

@@ -67,6 +67,9 @@ class ServerConfig:
     seed: int | None = None  # seeds the seeds picked for unseeded sampled requests
     fmaas: bool = True  # also serve the TGIS API (fmaas.GenerationService) on the same port
     tgis: TgisOptions = field(default_factory=TgisOptions)
+    # OTLP/gRPC collector for request spans (vLLM's --otlp-traces-endpoint); None = no
+    # tracing at all (no tracer provider, no exporter, no per-call work)
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
@@ -113,6 +116,10 @@ class GenServer:
         self.servicer = GenerationServicer(None, config.limits, self.state,  # engine: when warm
                                            self.metrics)
         self.servicer.served_model_name = config.served_model_name
+        if config.otlp_traces_endpoint:
+            from service.tracing import RequestTracer  # opentelemetry only when asked for
+
+            self.servicer.tracer = RequestTracer.otlp(config.otlp_traces_endpoint)
         if config.seed is not None:
             seed_sampling(config.seed)
         self.server = grpc.aio.server(interceptors=[RpcGuard(self.metrics)], options=[
@@ -313,6 +320,10 @@ class GenServer:
             if self._owns_structured:
                 self.servicer.structured.close()  # kills running compiles: never waited on
         await asyncio.to_thread(self.metrics.stop)
+        tracer = self.servicer.tracer
+        if tracer is not None and not await asyncio.to_thread(tracer.shutdown):  # flush
+            log.warning("trace spans not all exported: the OTLP collector at %s did "
+                            "not answer in time", self.config.otlp_traces_endpoint)
         self._stopped.set()
         log.info("stopped")
 

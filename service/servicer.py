@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import grpc
 
@@ -21,13 +21,14 @@ from engine.outputs import (
     CompletionDelta,
     FinishReason,
     RequestOutput,
+    RequestTimes,
     TokenLogprob,
     Usage,
 )
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.logs import request_id_var
-from service.metrics import Metrics
+from service.metrics import FINISHED_REASON, Metrics
 from service.processor_plugins import PluginRegistry
 from service.validation import (
     InvalidArgument,
@@ -37,6 +38,9 @@ from service.validation import (
     parse_request,
 )
 from structured.manager import StructuredOutputs
+
+if TYPE_CHECKING:  # opentelemetry is imported only when tracing is on
+    from service.tracing import RequestTracer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,6 +104,8 @@ class Call:
     request_ids: list[str] = field(default_factory=list)
     usage: dict[str, Usage] = field(default_factory=dict)  # per engine request, latest
     item_codes: list[grpc.StatusCode] = field(default_factory=list)  # GenerateBatch
+    trace: dict[str, str] | None = None  # the caller's traceparent headers, when tracing
+    inputs: int = 1  # generation inputs the call carries (a batch's item count)
 
     def totals(self) -> tuple[int, int]:
         return (sum(u.prompt_tokens for u in self.usage.values()),
@@ -213,6 +219,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         self.registry: PluginRegistry | None = None
         self.structured: StructuredOutputs | None = None
         self.served_model_name: str | None = None  # --served-model-name
+        self.tracer: RequestTracer | None = None  # --otlp-traces-endpoint; None = off
 
     # ---- helpers --------------------------------------------------------------------
 
@@ -258,6 +265,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         ``generation`` calls count as in flight (the drain waits for them).
         """
         call = Call(rpc, correlation_id=correlation_id(context))
+        if self.tracer is not None and generation:
+            call.trace = self.tracer.carrier(context.invocation_metadata())
         token = request_id_var.set(call.correlation_id or None)
         counted = False
         try:
@@ -295,6 +304,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         m.generation_tokens.inc(completion)
         for code in call.item_codes:
             m.batch_items.labels(code.name).inc()
+        m.observe_call(call.rpc, call.code.name, call.inputs, duration,
+                       [c.name for c in call.item_codes])
         extra: dict = {"rpc": call.rpc, "code": call.code.name,
                        "duration_ms": round(duration * 1000, 3)}
         if call.rpc in GENERATION_RPCS:
@@ -337,10 +348,23 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         for when, tokens in collector.token_times:
             clock.tick(when, tokens)
         if collector.finished:
-            self.metrics.observe_request(
-                collector.times, collector.usage,
-                [c.finish_reason for c in collector.completions() if c.finish_reason])
+            reasons = [c.finish_reason for c in collector.completions() if c.finish_reason]
+            self.metrics.observe_request(collector.times, collector.usage, reasons,
+                                         parsed.params.max_new_tokens)
+            self._trace(parsed, call, collector.usage, collector.times, reasons)
         return collector
+
+    def _trace(self, parsed: ParsedRequest, call: Call, usage: Usage,
+               times: RequestTimes | None, reasons: list[FinishReason]) -> None:
+        """A finished request's span, when tracing is on."""
+        if self.tracer is None or call.trace is None:
+            return
+        try:
+            self.tracer.record(call.trace, parsed.request_id, self.metrics.model_name,
+                               parsed.params, usage, times,
+                               [FINISHED_REASON[r] for r in reasons])
+        except Exception:  # tracing is auxiliary: never fail the answer for it
+            log.exception("could not record the request's trace span")
 
     async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
         collector = await self.complete(parsed, call)
@@ -381,7 +405,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                     clock.tick(time.perf_counter(), step)
                 reasons.extend(d.finish_reason for d in out.deltas if d.finish_reason)
                 if out.finished:
-                    self.metrics.observe_request(out.times, out.usage, reasons)
+                    self.metrics.observe_request(out.times, out.usage, reasons,
+                                                 parsed.params.max_new_tokens)
+                    self._trace(parsed, call, out.usage, out.times, reasons)
                 yield out
 
     # ---- RPCs -----------------------------------------------------------------------
@@ -393,6 +419,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def GenerateBatch(self, request, context):
         async with self._call("GenerateBatch", context) as call:
             items = request.requests
+            call.inputs = len(items)
             if not items:
                 raise InvalidArgument("requests must not be empty")
             if len(items) > self.limits.max_batch_size:

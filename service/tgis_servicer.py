@@ -154,6 +154,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
 
     async def Generate(self, request, context):
         async with self.native._call("fmaas/Generate", context) as call:
+            call.inputs = len(request.requests)
             check_adapters(request)
             if not request.requests:
                 raise InvalidArgument("requests must not be empty")

@@ -85,6 +85,14 @@ def test_tgis_flags_reach_the_server_config(monkeypatch):
     assert config.limits.default_max_new_tokens == 100  # the default never exceeds the cap
 
 
+def test_otlp_traces_endpoint_flag_reaches_the_server_config(monkeypatch):
+    assert _served_config(monkeypatch, []).otlp_traces_endpoint is None  # off by default
+    config = _served_config(monkeypatch, ["--otlp-traces-endpoint", "http://collector:4317"])
+    assert config.otlp_traces_endpoint == "http://collector:4317"
+    monkeypatch.setenv("GENSERVE_OTLP_TRACES_ENDPOINT", "http://env:4317")
+    assert _served_config(monkeypatch, []).otlp_traces_endpoint == "http://env:4317"
+
+
 def test_runner_and_threads_flags_reach_the_engine_config(monkeypatch):
     default = _served_config(monkeypatch, [])
     assert default.engine.runner == "auto" and default.engine.threads is None

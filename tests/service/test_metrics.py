@@ -250,9 +250,18 @@ def test_scrape_output_is_valid_exposition_text(server):
 
 
 def _types(port: int) -> dict[str, str]:
+    """Family name -> type (a counter's bare-named twin, untyped, does not count)."""
+    return {name: "counter" if "counter" in kinds else kinds.pop()
+            for name, kinds in all_types(port).items()}
+
+
+def all_types(port: int) -> dict[str, set[str]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {f.name: f.type for f in text_string_to_metric_families(text)}
+    out: dict[str, set[str]] = {}
+    for f in text_string_to_metric_families(text):
+        out.setdefault(f.name, set()).add(f.type)
+    return out
 
 
 # vLLM's core serving metrics under our prefix (README "Metrics": the mapping)
@@ -364,3 +373,77 @@ def test_grafana_dashboard_queries_metrics_the_server_exports(server, stub):
     for name in names:
         base = re.sub(r"_(bucket|total|sum|count)$", "", name)
         assert base in families, name
+
+
+# TGIS's metric names and types (IBM text-generation-inference's router), served beside ours
+TGIS = {"tgi_request_count": "counter", "tgi_request_input_count": "counter",
+        "tgi_request_success": "counter", "tgi_request_failure": "counter",
+        "tgi_request_input_length": "histogram", "tgi_request_max_new_tokens": "histogram",
+        "tgi_request_generated_tokens": "histogram", "tgi_request_total_tokens": "histogram",
+        "tgi_request_duration": "histogram", "tgi_request_queue_duration": "histogram",
+        "tgi_request_inference_duration": "histogram",
+        "tgi_request_mean_time_per_token_duration": "histogram",
+        "tgi_queue_size": "gauge", "tgi_batch_current_size": "gauge"}
+
+
+def test_tgis_metric_names_count_calls_inputs_tokens_and_failures(server, stub, engine_kind):
+    from fmaas import generation_pb2 as tgis
+    from fmaas import generation_pb2_grpc as tgis_grpc
+
+    port = server.server.metrics_port
+    before = scrape(port)
+    single = stub.Generate(req("Hello world", max_new=6))
+    batch = stub.GenerateBatch(pb.GenerateBatchRequest(requests=[
+        req("one", max_new=3), req("two", sampling=pb.SamplingParameters(top_p=2.0)),
+        req("three", max_new=2)]))
+    streamed = list(stub.GenerateStream(pb.GenerateStreamRequest(request=req(max_new=4))))
+    with pytest.raises(grpc.RpcError):
+        stub.Generate(pb.GenerateRequest(prompt=""))
+    with grpc.insecure_channel(server.address) as ch:
+        tgis_grpc.GenerationServiceStub(ch).Generate(tgis.BatchedGenerationRequest(
+            requests=[tgis.GenerationRequest(text="a b"), tgis.GenerationRequest(text="c")],
+            params=tgis.Parameters(stopping=tgis.StoppingCriteria(
+                max_new_tokens=2, min_new_tokens=2))), timeout=60)
+    after = scrape(port)
+    types = _types(port)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    for name, kind in TGIS.items():
+        assert types.get(name) == kind, (name, types.get(name))
+    # TGIS writes each counter twice, bare and with _total: dashboards query either
+    for name in ("tgi_request_count", "tgi_request_input_count", "tgi_request_success",
+                 "tgi_request_failure"):
+        assert all_types(port)[name] == {"counter", "unknown"}, name
+    assert value(after, "tgi_request_count", kind="single") == value(
+        after, "tgi_request_count_total", kind="single") > 0
+    assert value(after, "tgi_request_failure", err="validation") == value(
+        after, "tgi_request_failure_total", err="validation") > 0
+    assert delta("tgi_request_count_total", kind="single") == 2  # the invalid one too
+    assert delta("tgi_request_count_total", kind="batch") == 2  # ours and TGIS's
+    assert delta("tgi_request_count_total", kind="stream") == 1
+    assert delta("tgi_request_input_count_total") == 1 + 3 + 1 + 1 + 2
+    assert delta("tgi_request_failure_total", err="validation") == 2  # batch item + empty
+    # every answered request ran to its max_new_tokens (min_new_tokens = max_new_tokens)
+    assert delta("tgi_request_success_total", stop_reason="MAX_TOKENS") == 6
+    generated = 6 + 3 + 2 + 4 + 2 + 2
+    assert delta("tgi_request_generated_tokens_count") == 6
+    assert delta("tgi_request_generated_tokens_sum") == generated
+    assert delta("tgi_request_max_new_tokens_sum") == generated
+    prompts = (single.usage.prompt_tokens + streamed[-1].usage.prompt_tokens
+               + sum(r.response.usage.prompt_tokens for r in batch.results
+                     if r.HasField("response")))
+    assert delta("tgi_request_input_length_sum") > prompts  # + the two TGIS prompts
+    assert delta("tgi_request_total_tokens_sum") == (
+        delta("tgi_request_input_length_sum") + generated)
+    assert delta("tgi_request_duration_count") == 5
+    assert delta("tgi_request_duration_sum") > 0
+    assert value(after, "tgi_queue_size") == 0 and value(after, "tgi_batch_current_size") == 0
+    if engine_kind == "real":  # the fake engine reports no stage times
+        for name in ("queue", "inference", "mean_time_per_token"):
+            assert delta(f"tgi_request_{name}_duration_count") == 6, name
+        inference = delta("tgi_request_inference_duration_sum")
+        assert inference > 0
+        per_token = delta("tgi_request_mean_time_per_token_duration_sum")
+        assert 0 < per_token < inference
