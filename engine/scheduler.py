@@ -132,8 +132,8 @@ class Scheduler:
         blocks = self.allocator.lookup(seq.block_hashes[:usable], self.block_size,
                                        seq.num_tokens)
         seq.block_table.extend(blocks)
-        seq.num_computed_tokens = seq.num_cached_blocks = len(blocks)
-        seq.num_computed_tokens *= self.block_size
+        seq.num_cached_blocks = len(blocks)
+        seq.num_computed_tokens = len(blocks) * self.block_size
         if seq.index == 0 and seq.num_preemptions == 0:
             seq.request.usage.cached_prompt_tokens = seq.num_computed_tokens
 
