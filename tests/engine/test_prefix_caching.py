@@ -27,6 +27,14 @@ def hashes(tokens: list[int]) -> list[bytes]:
 
 # ---- the allocator ---------------------------------------------------------------------
 
+def cached_blocks(alloc: BlockAllocator, hs: list[bytes]) -> list[int]:
+    """Blocks allocated for ``hs`` and made findable, still held."""
+    blocks = alloc.allocate(len(hs))
+    assert blocks is not None
+    for b, h in zip(blocks, hs, strict=True):
+        alloc.cache(b, h)
+    return blocks
+
 def test_a_block_hash_depends_on_everything_before_it():
     a, b = hashes([1, 2, 3, 4, 5, 6, 7, 8]), hashes([9, 2, 3, 4, 5, 6, 7, 8])
     assert a[0] != b[0] and a[1] != b[1]  # same tokens in block 1, other parent
@@ -36,9 +44,7 @@ def test_a_block_hash_depends_on_everything_before_it():
 def test_lookup_finds_the_longest_cached_run_and_counts_queries_and_hits():
     alloc = BlockAllocator(8, caching=True)
     hs = hashes(list(range(12)))
-    blocks = alloc.allocate(3)
-    for b, h in zip(blocks, hs, strict=True):
-        alloc.cache(b, h)
+    blocks = cached_blocks(alloc, hs)
     alloc.free(list(blocks))
     other = hashes([0, 1, 2, 3, 4, 5, 6, 99, 8, 9, 10, 11])  # differs inside block 1
     assert alloc.lookup(other, BLOCK, 12) == blocks[:1]  # partial hit: block 0 only
@@ -50,9 +56,7 @@ def test_lookup_finds_the_longest_cached_run_and_counts_queries_and_hits():
 def test_cached_blocks_nobody_holds_are_evicted_least_recently_used_first():
     alloc = BlockAllocator(3, caching=True)
     hs = hashes(list(range(12)))
-    blocks = alloc.allocate(3)
-    for b, h in zip(blocks, hs, strict=True):
-        alloc.cache(b, h)
+    blocks = cached_blocks(alloc, hs)
     for b in (blocks[1], blocks[0], blocks[2]):  # freed in this order: LRU = 1, 0, 2
         alloc.free([b])
     assert alloc.num_used == 0 and alloc.num_cached == 3
