@@ -53,6 +53,9 @@ class LLMEngine:
                  speculator: SpeculatorFactory | None = None) -> None:
         """``share_weights``: reuse another engine's loaded model; ``speculator``: builds
         the speculative decoder from the target's runner (``specdecode.speculator_for``)."""
+        if not config.max_num_batched_tokens:
+            config = dataclasses.replace(config,
+                                         max_num_batched_tokens=config.step_token_budget())
         self.config = config
         self.runner: Runner = create_runner(
             config, share_weights.runner if share_weights else None)

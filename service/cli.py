@@ -61,7 +61,8 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "context length (default: min(model's, 4096))"),
     ("--max-num-seqs", "max_num_seqs", positive_int, "sequences running in one step"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", positive_int,
-     "token budget of one step (longer prompts are prefilled in chunks)"),
+     "token budget of one step (longer prompts are prefilled in chunks; default: 512 on "
+     "CPU, 2048 on CUDA)"),
     ("--long-prefill-token-threshold", "long_prefill_token_threshold", non_negative_int,
      "most tokens one prompt's prefill gets in a step, so short requests are admitted and "
      "decoded while a long prompt prefills (0 = the whole step budget; default: 128 on "

@@ -239,7 +239,7 @@ class LlamaCppRunner:
         if config.max_num_seqs > LLAMA_MAX_SEQ:
             raise ValueError(f"the llama.cpp runner holds at most {LLAMA_MAX_SEQ} "
                              f"sequences; --max-num-seqs is {config.max_num_seqs}")
-        self.n_batch = config.max_num_batched_tokens + config.max_num_seqs
+        self.n_batch = config.step_token_budget() + config.max_num_seqs
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.num_blocks * config.block_size
         cparams.n_batch = self.n_batch

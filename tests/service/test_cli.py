@@ -163,7 +163,8 @@ def test_settings_precedence_flag_over_env_over_file_over_default(monkeypatch, t
     assert seen.seed == 5 and not seen.limits.prompt_logprobs  # env
     assert not seen.fmaas  # file
     assert seen.processor_plugins == ["x.y:Z"]  # a list flag on the command line wins whole
-    assert seen.engine.max_num_batched_tokens == 512  # default
+    assert seen.engine.max_num_batched_tokens == 0  # default: chosen for the device
+    assert seen.engine.step_token_budget() == 512  # on this CPU machine
 
 
 @pytest.mark.parametrize(("env", "file", "message"), [

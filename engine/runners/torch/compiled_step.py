@@ -170,6 +170,11 @@ class DecodeGraphs:
         report = WarmupReport()
         start = time.perf_counter()
         last = 0.0
+        if (reason := self._uncapturable()) is not None:
+            log.warning("decode graphs not captured: %s; decode steps run eagerly", reason)
+            report.graphs = [BuildReport(label, 0.0, f"skipped ({reason})")
+                             for label, _ in self._plan(buckets)]
+            return report
         for label, build in self._plan(buckets):
             left = budget_s - (time.perf_counter() - start)
             if left <= 0 or last > left:
@@ -192,6 +197,19 @@ class DecodeGraphs:
                  "CUDA graphs" if self.device.type == "cuda" else "torch.compile",
                  ", ".join(report.ready) or "no", report.seconds)
         return report
+
+    def _uncapturable(self) -> str | None:
+        """Why this model's decode step cannot be a CUDA graph, if it cannot. Measured on
+        an H200 (torch 2.11): transformers' grouped_mm experts in float32 copy to the host
+        inside the forward (torch's float32 grouped_mm, or transformers' fallback reading
+        the offsets), which capture forbids; bf16, the CUDA default, captures."""
+        if self.device.type != "cuda":
+            return None
+        experts = getattr(self.model.config, "_experts_implementation", None)
+        dtype = next(self.model.parameters()).dtype
+        if experts == "grouped_mm" and dtype == torch.float32:
+            return "mixture-of-experts layers in float32 sync with the host; use bf16"
+        return None
 
     def _plan(self, buckets: Sequence[int]) -> list[tuple[str, Callable[[], str]]]:
         sizes = sorted({b for b in buckets if b > 0})
