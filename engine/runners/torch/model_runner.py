@@ -62,11 +62,6 @@ class ModelRunner:
             self.model_id = source.model_id
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)
-            if self.device.type == "cuda":
-                # cuDNN attention builds an execution plan per new sequence length (~0.5 s
-                # each on an H200, torch 2.11): every new prompt length would pay it in its
-                # time to first token. Flash / memory-efficient attention need no plans.
-                torch.backends.cuda.enable_cudnn_sdp(False)
         else:
             for name in ("device", "dtype", "tokenizer", "model", "model_id"):
                 setattr(self, name, getattr(share_weights, name))
