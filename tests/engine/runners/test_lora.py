@@ -24,15 +24,19 @@ NEW = 8
 PROMPT = [1, 2, 3, 40, 50, 60, 70, 80, 90, 100, 110]  # 11 tokens: 2 full blocks of 4
 
 
-@pytest.fixture(scope="module")
-def references(tiny_model_dir, lora_cache) -> dict[str, list[int]]:
-    """transformers' greedy tokens, by adapter id ('' = the base model)."""
+def merged_references(model_dir, cache) -> dict[str, list[int]]:
+    """transformers' greedy tokens with each adapter merged, by id ('' = the base model)."""
     out = {}
     for name in ["", *ADAPTERS]:
-        model = merged_model(tiny_model_dir, lora_cache / name if name else None)
+        model = merged_model(model_dir, cache / name if name else None)
         out[name] = hf_greedy(model, PROMPT, NEW)
     assert len({tuple(v) for v in out.values()}) == 3  # each adapter changes the output
     return out
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model_dir, lora_cache) -> dict[str, list[int]]:
+    return merged_references(tiny_model_dir, lora_cache)
 
 
 def engine(model_dir, cache, speculative: SpeculativeConfig | None = None,
