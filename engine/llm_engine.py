@@ -90,6 +90,9 @@ class LLMEngine:
                                          config.max_lora_rank, self.runner)
                          if config.adapter_cache else None)
         self.info.max_loras = config.max_loras if self.adapters is not None else 0
+        if self.adapters is not None and self.runner.max_loras < 1:
+            log.warning("--adapter-cache: the %s runner cannot serve LoRA adapters; requests "
+                        "naming one are refused", self.runner.name)
         self.requests: dict[str, Request] = {}
         self.last_step_tokens = 0  # tokens the last step computed (iteration-tokens metric)
         self.last_step_seconds = 0.0  # how long it took (TGIS's batch inference duration)
