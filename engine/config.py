@@ -53,6 +53,11 @@ class EngineConfig:
     enforce_eager: bool = False  # True: never compile or capture anything
     decode_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     compile_budget_s: float = 300.0  # start-up time for building graphs; the rest stay eager
+    # LoRA adapters (engine/adapters.py): PEFT directories under adapter_cache, one per id,
+    # loaded on first use; None = no adapters (requests naming one are refused).
+    adapter_cache: str | None = None
+    max_loras: int = 4  # adapters resident at once (LRU); their rows may share one step
+    max_lora_rank: int = 16  # highest LoRA rank accepted (sizes the runner's adapter slots)
 
 
 @dataclass
@@ -66,6 +71,7 @@ class ModelInfo:
     spec_method: str = ""  # "" = speculative decoding off
     spec_k: int = 0
     prefix_caching: bool = False  # the scheduler shares cached prompt blocks
+    max_loras: int = 0  # adapter slots (--max-loras); 0 = adapters off
 
 
 class QueueFullError(RuntimeError):

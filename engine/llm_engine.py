@@ -17,9 +17,11 @@ import time
 
 import torch
 
+from engine.adapters import AdapterLease, AdapterRegistry
 from engine.config import EngineConfig, ModelInfo
 from engine.counter_rng import random_key, stream_key
 from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache import root_hash
 from engine.logits_process import bind
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
 from engine.processors import ProcessorRunner, overlap_pays
@@ -83,6 +85,11 @@ class LLMEngine:
         if self.speculator is not None:
             self.info.spec_method, self.info.spec_k = self.speculator.method, self.speculator.k
             self.runner.max_rows_per_seq = self.speculator.k + 1  # batch expansion's rows
+        # LoRA adapters by id (--adapter-cache); None = adapters off
+        self.adapters = (AdapterRegistry(config.adapter_cache, config.max_loras,
+                                         config.max_lora_rank, self.runner)
+                         if config.adapter_cache else None)
+        self.info.max_loras = config.max_loras if self.adapters is not None else 0
         self.requests: dict[str, Request] = {}
         self.last_step_tokens = 0  # tokens the last step computed (iteration-tokens metric)
         self._seq_ids = itertools.count()
@@ -106,19 +113,22 @@ class LLMEngine:
         return self.num_waiting_requests() - free
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> Request:
+                    params: SamplingParams, adapter: AdapterLease | None = None) -> Request:
         """Admit (``admit``) and queue a request."""
         return self.add_admitted(request_id, prompt_token_ids,
-                                 self.admit(prompt_token_ids, params))
+                                 self.admit(prompt_token_ids, params), adapter)
 
     def add_admitted(self, request_id: str, prompt_token_ids: list[int],
-                     params: SamplingParams) -> Request:
+                     params: SamplingParams, adapter: AdapterLease | None = None) -> Request:
         """Queue a request whose ``params`` came from ``admit`` (checked once, on the
-        caller's side, so a bad request never reaches the engine thread)."""
+        caller's side, so a bad request never reaches the engine thread). ``adapter``:
+        its LoRA adapter's lease (``self.adapters.acquire``), released when it finishes;
+        the caller's to release if this raises."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
         req = Request(request_id, list(prompt_token_ids), params,
-                      usage=Usage(prompt_tokens=len(prompt_token_ids)))
+                      usage=Usage(prompt_tokens=len(prompt_token_ids)), adapter=adapter,
+                      cache_root=root_hash(adapter.fingerprint if adapter else None))
         if params.time_limit_s is not None:
             req.deadline = req.arrival_time + params.time_limit_s
         if params.prompt_logprobs is not None:
@@ -324,6 +334,8 @@ class LLMEngine:
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
                 req.times.finished = time.monotonic()
+                if req.adapter is not None:
+                    req.adapter.release()
             out = RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.is_finished,
                                 dataclasses.replace(req.usage))
             if req.prompt_logprobs_ready:

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kv_cache import ROOT_HASH, BlockAllocator, block_hash
+from engine.kv_cache import BlockAllocator, block_hash
 from engine.sequence import SeqStatus, Sequence
 
 
@@ -106,7 +106,7 @@ class Scheduler:
         """Extend ``seq.block_hashes`` over its first ``num_tokens`` tokens' full blocks."""
         bs = self.block_size
         for i in range(len(seq.block_hashes), num_tokens // bs):
-            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            parent = seq.block_hashes[-1] if seq.block_hashes else seq.request.cache_root
             seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
 
     def cache_blocks(self, seq: Sequence) -> None:

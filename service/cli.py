@@ -96,6 +96,15 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "background while serving; CUDA graphs on CUDA, captured before SERVING)"),
     ("--max-waiting", "max_waiting", positive_int,
      "waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED"),
+    ("--adapter-cache", "adapter_cache", str,
+     "directory of LoRA adapters in the PEFT format, one sub-directory per adapter id "
+     "(adapter_config.json + adapter_model.safetensors), loaded on a request's first use of "
+     "its adapter_id; default: adapters off (torch runner)"),
+    ("--max-loras", "max_loras", positive_int,
+     "LoRA adapters resident at once (least recently used evicted); rows of all of them "
+     "share a step"),
+    ("--max-lora-rank", "max_lora_rank", positive_int,
+     "highest LoRA rank accepted (with --max-loras it sizes each layer's adapter slots)"),
 )
 _LIMIT_FLAGS: Flags = (  # ServiceLimits (and --disable-prompt-logprobs)
     ("--default-max-new-tokens", "default_max_new_tokens", positive_int,

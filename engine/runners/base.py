@@ -6,9 +6,12 @@ import this module, never a runner's own."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.adapters import LoraAdapter
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -34,6 +37,7 @@ class DecodeRow:
     position: int
     block_table: list[int]
     seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
+    adapter_slot: int = 0  # the LoRA adapter slot the row runs with (0 = the base model)
 
 
 @dataclass
@@ -47,6 +51,7 @@ class PrefillWork:
     # row of the step: prompt logprobs, asked for by a request
     prompt_rows: range = range(0)
     seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
+    adapter_slot: int = 0  # the LoRA adapter slot the chunk runs with (0 = the base model)
 
 
 @dataclass
@@ -88,6 +93,9 @@ class Runner(Protocol):
     max_rows_per_seq: int
     # Block tables may share blocks between sequences (the scheduler's prefix caching)
     supports_prefix_caching: bool
+    # LoRA adapter slots 1..max_loras that rows may name (``adapter_slot``); 0 = this
+    # runner serves no adapters (the registry refuses them, naming the runner)
+    max_loras: int
 
     @property
     def row_cost(self) -> float:
@@ -107,4 +115,10 @@ class Runner(Protocol):
 
     def release(self, seq_id: int) -> None:
         """The scheduler freed ``seq_id``'s blocks (finished, aborted or preempted)."""
+        ...
+
+    def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        """Make ``slot`` run ``adapter`` (replacing what it held; no row uses the slot
+        now). Called off the engine thread, while steps run. ``AdapterError`` when the
+        adapter does not fit the model (a target module it lacks, shapes)."""
         ...

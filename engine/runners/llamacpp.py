@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.adapters import AdapterError, LoraAdapter
 from engine.config import EngineConfig
 from engine.loading.model_loader import (
     ModelSource,
@@ -178,6 +179,8 @@ class LlamaCppRunner:
     # table: sharing a prompt's cells between sequences (llama_memory_seq_cp) is not wired
     # up, so prefix caching is off on this runner.
     supports_prefix_caching = False
+    # LoRA adapters are not wired up here yet: the registry refuses them, naming this runner
+    max_loras = 0
 
     def __init__(self, config: EngineConfig) -> None:
         llama_cpp = llama_lib()
@@ -423,6 +426,9 @@ class LlamaCppRunner:
         """Nothing to compile: llama.cpp's kernels are ready once the context exists."""
         log.info("llama.cpp runner: no compiled decode step (nothing to build)")
         return WarmupReport()
+
+    def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        raise AdapterError(adapter.adapter_id, "the llamacpp runner cannot serve LoRA adapters")
 
     # ---- sequences ------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ and that step runs eagerly, instead of stalling the server for a compile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -43,6 +44,7 @@ from engine.runners.torch.decode_inputs import (
     decode_width,
 )
 from engine.runners.torch.kv_tensors import KVCache
+from engine.runners.torch.lora import LoraLayers
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,10 @@ class DecodeGraphs:
     """The compiled decode step of one runner (its model and KV cache)."""
 
     def __init__(self, model: Any, kv_cache: KVCache, block_size: int, scratch_block: int,
-                 max_blocks_per_seq: int, device: torch.device) -> None:
+                 max_blocks_per_seq: int, device: torch.device,
+                 lora: LoraLayers | None = None) -> None:
         self.model = model
+        self.lora = lora  # adapter slots: every graph applies them, masked per row
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.scratch_block = scratch_block
@@ -136,11 +140,15 @@ class DecodeGraphs:
                 return None
             inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                          self.device, pad_to=key[0], width=key[1])
+            if self.lora is not None:
+                self.lora.fill_static([r.adapter_slot for r in decodes] + [0] * (key[0] - n))
             return self._cuda_steps[key](inputs)[:n]
         if not self.covers(n):
             return None
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                      self.device)
+        if self.lora is not None:
+            self.lora.fill_static([r.adapter_slot for r in decodes])
         try:
             return self._cpu_step(inputs)
         except Exception:  # a guard failed (it would recompile mid-serving) or worse
@@ -168,6 +176,8 @@ class DecodeGraphs:
         """Build while the budget lasts; a build that would likely overrun it (judged by
         the previous one's time) is skipped and its steps run eagerly."""
         report = WarmupReport()
+        if self.lora is not None:
+            self.lora.reserve_static(max(buckets, default=1))
         start = time.perf_counter()
         last = 0.0
         for label, build in self._plan(buckets):
@@ -260,11 +270,12 @@ class DecodeGraphs:
                                          self.device, pad_to=rows, width=width)
         meta = StaticDecode(self.kv_cache, static.slot_mapping, static.block_tables,
                             static.seq_lens)
-        model = self.model
+        model, lora = self.model, self.lora
 
         def forward() -> torch.Tensor:
-            return model(input_ids=static.input_ids, position_ids=static.positions,
-                         use_cache=False, genserve_meta=meta).logits
+            with lora.capturing(rows) if lora is not None else contextlib.nullcontext():
+                return model(input_ids=static.input_ids, position_ids=static.positions,
+                             use_cache=False, genserve_meta=meta).logits
 
         with torch.inference_mode():
             side = torch.cuda.Stream()

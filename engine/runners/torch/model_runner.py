@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 
+from engine.adapters import AdapterError, LoraAdapter
 from engine.config import EngineConfig
 from engine.loading.model_loader import (
     config_dtype,
@@ -32,6 +34,7 @@ from engine.runners.torch.attention import (
 from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
+from engine.runners.torch.lora import LoraLayers
 from engine.runners.torch.model_check import check_config, check_probe
 from engine.runners.torch.packed_linear import can_pack, pack_linears
 
@@ -97,6 +100,14 @@ class ModelRunner:
         # the engine raises it when it is given a speculator (EngineConfig has no spec knobs).
         self.max_rows_per_seq = 1
         self.decode_graphs: DecodeGraphs | None = None  # built by warmup()
+        # LoRA adapter slots (engine/runners/torch/lora.py); a runner sharing another's
+        # weights (a self-draft) runs the base model only
+        self.lora: LoraLayers | None = None
+        self.max_loras = 0
+        if config.adapter_cache and share_weights is None:
+            self.lora = LoraLayers(self.model, config.max_loras, config.max_lora_rank,
+                                   self.device, self.dtype)
+            self.max_loras = config.max_loras
         log.info("KV cache: %d blocks of %d tokens (%.0f MiB, %d tokens)", num_blocks,
                  config.block_size, num_blocks * spec.bytes_per_block / 2**20,
                  num_blocks * config.block_size)
@@ -131,6 +142,12 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         """Nothing kept per sequence: its KV lives in the blocks the scheduler frees."""
 
+    def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        if self.lora is None:
+            raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
+                               "slots (--adapter-cache)")
+        self.lora.load(slot, adapter)
+
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
@@ -152,7 +169,8 @@ class ModelRunner:
         wanted = cap_buckets(self.config.decode_buckets if buckets is None else buckets,
                              self.config.max_num_seqs * self.max_rows_per_seq)
         graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.scratch_block,
-                              -(-self.max_model_len // self.block_size), self.device)
+                              -(-self.max_model_len // self.block_size), self.device,
+                              self.lora)
         report = graphs.build(wanted, self.config.compile_budget_s if budget_s is None
                               else budget_s)
         self.decode_graphs = graphs if graphs.max_rows else None
@@ -173,6 +191,7 @@ class ModelRunner:
                     return logits
             return self._execute_decodes(decodes)
         bs = self.block_size
+        adapter_slots: list[int] = [r.adapter_slot for r in decodes]
         token_ids: list[int] = [r.token_id for r in decodes]
         positions: list[int] = [r.position for r in decodes]
         slots: list[int] = [r.block_table[r.position // bs] * bs + r.position % bs
@@ -185,6 +204,7 @@ class ModelRunner:
             n = len(work.token_ids)
             end_pos = work.start_pos + n
             token_ids.extend(work.token_ids)
+            adapter_slots.extend([work.adapter_slot] * n)
             positions.extend(range(work.start_pos, end_pos))
             slots.extend(self._slots(work.block_table, work.start_pos, end_pos))
             mask = None
@@ -207,23 +227,30 @@ class ModelRunner:
             meta.decode_block_tables = dec.block_tables
             meta.decode_mask = dec.mask(bs)
             meta.decode_groups = dec.groups
-        out = self.model(
-            input_ids=packed[0:1],
-            position_ids=packed[1:2],
-            use_cache=False,
-            logits_to_keep=torch.tensor(keep + extra, dtype=torch.long, device=self.device),
-            genserve_meta=meta,
-        )
+        with self._adapters(adapter_slots):
+            out = self.model(
+                input_ids=packed[0:1],
+                position_ids=packed[1:2],
+                use_cache=False,
+                logits_to_keep=torch.tensor(keep + extra, dtype=torch.long,
+                                            device=self.device),
+                genserve_meta=meta,
+            )
         return out.logits[0]
+
+    def _adapters(self, slots: list[int]) -> contextlib.AbstractContextManager[None]:
+        """Token ``i`` of the forward runs adapter slot ``slots[i]``."""
+        return self.lora.step(slots) if self.lora is not None else contextlib.nullcontext()
 
     def _execute_decodes(self, decodes: list[DecodeRow]) -> torch.Tensor:
         """Eager decode-only step: every row is sampled, so no ``logits_to_keep`` gather."""
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                      self.device)
-        out = self.model(
-            input_ids=inputs.input_ids,
-            position_ids=inputs.positions,
-            use_cache=False,
-            genserve_meta=inputs.metadata(self.kv_cache, self.block_size),
-        )
+        with self._adapters([r.adapter_slot for r in decodes]):
+            out = self.model(
+                input_ids=inputs.input_ids,
+                position_ids=inputs.positions,
+                use_cache=False,
+                genserve_meta=inputs.metadata(self.kv_cache, self.block_size),
+            )
         return out.logits[0]
