@@ -20,10 +20,18 @@ cached blocks of its longest cached run of full blocks and computes only the res
 least its last token, whose logits it samples); every full block of computed tokens is
 made findable as soon as it is computed. A request's ``n`` samples are admitted after the
 first has prefilled the prompt, so they share its blocks (one prefill).
+
+A runner that cannot mix LoRA adapters in one step (llama.cpp sets them per context)
+gets steps of one adapter slot each (``mixed_adapters=False``): the slots with sequences
+take turns, one step each, in slot order from the one after the last served, so every
+running sequence advances one token per turn of all slots and none starves. A slot with
+nothing it can run this step (no seats or blocks for its waiting prompts) passes its turn.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +53,7 @@ class Scheduler:
                  on_free: Callable[[Sequence], None] | None = None,
                  long_prefill_token_threshold: int = 0,
                  max_long_partial_prefills: int = 1,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, mixed_adapters: bool = True) -> None:
         """``on_free``: told each time a sequence's blocks are freed (finish, abort,
         preemption), for a runner that keeps state of its own per sequence.
         ``long_prefill_token_threshold``: 0 = a prefill may take the whole budget (and
@@ -63,6 +71,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.mixed_adapters = mixed_adapters
+        self.last_adapter_slot = -1  # the slot of the last step (-1: none yet)
 
     @property
     def capacity(self) -> int:
@@ -171,6 +181,24 @@ class Scheduler:
         return min(n, t) if t else n
 
     def schedule(self) -> list[ScheduledSeq]:
+        if self.mixed_adapters:
+            return self._schedule(None)
+        for slot in self._adapter_turns():
+            out = self._schedule(slot)
+            if out:
+                self.last_adapter_slot = slot
+                return out
+        return []
+
+    def _adapter_turns(self) -> list[int]:
+        """The adapter slots with sequences, from the one after the last served."""
+        slots = sorted({s.request.adapter_slot
+                        for s in itertools.chain(self.running, self.waiting)})
+        i = bisect.bisect_right(slots, self.last_adapter_slot)
+        return slots[i:] + slots[:i]
+
+    def _schedule(self, adapter_slot: int | None) -> list[ScheduledSeq]:
+        """This step's work; ``adapter_slot``: only sequences of that slot."""
         out: list[ScheduledSeq] = []
         budget = self.max_num_batched_tokens
         preempted = False
@@ -178,6 +206,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if adapter_slot is not None and seq.request.adapter_slot != adapter_slot:
+                i += 1
+                continue
             n = self._chunk(seq, budget)
             while not self.reserve(seq, seq.num_computed_tokens + n):
                 victim = self.running.pop()
@@ -196,6 +227,9 @@ class Scheduler:
         j = 0  # waiting sequences in arrival order; long ones over the limit are passed
         while j < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[j]
+            if adapter_slot is not None and seq.request.adapter_slot != adapter_slot:
+                j += 1
+                continue
             if self._sibling_prefilling(seq):
                 j += 1
                 continue

@@ -1,49 +1,45 @@
-"""PEFT LoRA adapters as llama.cpp adapter GGUFs: converted once, then loaded by llama.cpp.
+"""LoRA adapters on llama.cpp: PEFT adapters written as llama.cpp adapter GGUFs, loaded
+into numbered slots, and the one a step runs set on the context.
 
-Why: llama.cpp loads LoRA only from a GGUF (``general.type = adapter``, ``adapter.type =
-lora``, tensors ``<base tensor>.lora_a`` / ``.lora_b``), while adapters come as PEFT
-directories. The conversion follows llama.cpp's ``convert_lora_to_gguf.py``:
+Why a conversion: llama.cpp loads LoRA only from a GGUF (``general.type = adapter``,
+``adapter.type = lora``, tensors ``<base tensor>.lora_a`` / ``.lora_b``), while adapters
+come as PEFT directories (read and checked by ``engine.adapters``). The conversion follows
+llama.cpp's ``convert_lora_to_gguf.py``:
 
 - a PEFT module name maps to the base GGUF's tensor name through gguf-py's name map of the
   model's architecture (``model.layers.3.self_attn.q_proj`` -> ``blk.3.attn_q.weight``);
 - ``lora_A`` ``[r, in]`` and ``lora_B`` ``[out, r]`` are written as they are (ggml's
-  ``ne`` order reverses them to the base weight's ``[in, out]``), except that on an
-  architecture llama.cpp runs with interleaved ("normal") RoPE the base converter permuted
-  the rows of q/k, so ``lora_B`` of q/k gets the same row permutation;
-- PEFT's per-module scaling (``lora_alpha / r``, rsLoRA's ``/ sqrt(r)``, rank and alpha
-  patterns) is folded into ``lora_B`` and ``adapter.lora.alpha`` is 0, which llama.cpp
-  reads as "scale 1": every module then scales exactly as PEFT does.
+  ``ne`` order reverses them to the base weight's ``[in, out]``), except that a model
+  llama.cpp runs with interleaved ("normal") RoPE had the rows of its q/k weights permuted
+  by the base converter, so ``lora_B`` of q/k gets the same row permutation;
+- PEFT's scaling is already folded into ``lora_B`` (``LoraWeights.b``), and
+  ``adapter.lora.alpha`` is 0, which llama.cpp reads as "scale 1".
 
-What llama.cpp itself checks at load (a tensor the base model lacks, a shape that does not
-fit, an architecture mismatch) comes back as its error text; what it cannot check (a PEFT
-module without a GGUF name, a rank mismatch between A and B, a DoRA or biased adapter)
-is refused here. Both raise ``AdapterError`` naming the adapter and the reason.
+What llama.cpp checks at load (a tensor the base model lacks, a shape that does not fit)
+comes back as its error text in an ``AdapterError``; what it cannot check (a PEFT module
+with no GGUF name) is refused before.
+
+Why steps run one adapter: llama.cpp applies adapters per context (``llama_set_adapters_lora``
+sets the context's one list, which every token of the next ``llama_decode`` runs through),
+not per sequence; so the scheduler gives this runner steps whose rows share one adapter
+slot (``Runner.supports_mixed_adapters``), and ``AdapterSlots.activate`` sets that slot's
+adapter before the step's decode. A sequence's KV cells keep what its own adapter computed:
+llama.cpp never clears or recomputes the cache when adapters change.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import math
+import ctypes
 import os
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-log = logging.getLogger(__name__)
-
-FORMAT = 1  # bump when the written file changes: cached conversions are then redone
-PEFT_CONFIG = "adapter_config.json"
-PEFT_WEIGHTS = "adapter_model.safetensors"
-_PREFIX = "base_model.model."
-
-
-class AdapterError(ValueError):
-    """An adapter this model cannot run; the message names the adapter and why."""
+from engine.adapters import AdapterError, LoraAdapter
 
 
 @dataclass(frozen=True)
@@ -57,123 +53,31 @@ class BaseModel:
     permuted_qk: bool  # llama.cpp runs it with interleaved RoPE: q/k rows were permuted
 
 
-def adapter_gguf(adapter_id: str, directory: Path, base: BaseModel, cache_dir: Path) -> Path:
-    """The llama.cpp adapter GGUF of the adapter in ``directory``: a ``.gguf`` it holds,
-    else its PEFT files converted (once: the result is kept in ``cache_dir`` under a key of
-    the files' contents and the base model)."""
-    ggufs = sorted(directory.glob("*.gguf"))
-    if ggufs:
-        if len(ggufs) > 1:
-            raise AdapterError(f"adapter {adapter_id!r}: {len(ggufs)} .gguf files in "
-                               f"{directory}; expected one")
-        return ggufs[0]
-    config_path, weights_path = directory / PEFT_CONFIG, directory / PEFT_WEIGHTS
-    try:
-        config_bytes = config_path.read_bytes()
-        weights_bytes = weights_path.read_bytes()
-    except OSError as e:
-        raise AdapterError(f"adapter {adapter_id!r}: cannot read {e.filename}: "
-                           f"{e.strerror}") from e
-    key = hashlib.sha256(f"{FORMAT}|{base}|".encode() + config_bytes + b"|" + weights_bytes)
-    out = cache_dir / f"lora-{key.hexdigest()[:32]}.gguf"
-    if out.is_file():
-        return out
-    tensors = convert(adapter_id, _json(adapter_id, config_bytes), _safetensors(
-        adapter_id, weights_bytes), base)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-lora-", suffix=".gguf")
-    os.close(fd)
-    try:
-        write_gguf(Path(tmp), base.arch, tensors)
-        os.replace(tmp, out)  # atomic: a crash never leaves a half file under the name
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
-
-
-def _json(adapter_id: str, data: bytes) -> dict[str, Any]:
-    try:
-        config = json.loads(data)
-    except ValueError as e:
-        raise AdapterError(f"adapter {adapter_id!r}: {PEFT_CONFIG} is not JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise AdapterError(f"adapter {adapter_id!r}: {PEFT_CONFIG} is not a JSON object")
-    return config
-
-
-def _safetensors(adapter_id: str, data: bytes) -> dict[str, np.ndarray]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
-    try:
-        return {k: v.float().numpy() for k, v in load(data).items()}
-    except (SafetensorError, ValueError, RuntimeError) as e:
-        raise AdapterError(f"adapter {adapter_id!r}: {PEFT_WEIGHTS} is unreadable: "
-                           f"{e}") from e
-
-
-def convert(adapter_id: str, config: dict[str, Any], weights: dict[str, np.ndarray],
-            base: BaseModel) -> dict[str, np.ndarray]:
-    """GGUF tensor name -> float32 data of the adapter's ``lora_a`` / ``lora_b`` pairs."""
+def adapter_tensors(adapter: LoraAdapter, base: BaseModel) -> dict[str, np.ndarray]:
+    """GGUF tensor name -> float32 data of each ``lora_a`` / ``lora_b``."""
     import gguf
 
-    def refuse(reason: str) -> AdapterError:
-        return AdapterError(f"adapter {adapter_id!r}: {reason}")
-
-    if config.get("peft_type", "LORA") != "LORA":
-        raise refuse(f"PEFT type {config.get('peft_type')!r} is not supported (LORA only)")
-    if config.get("use_dora"):
-        raise refuse("DoRA (use_dora) is not supported by the llama.cpp runner")
     arch = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}.get(base.arch)
     if arch is None:
-        raise refuse(f"gguf-py has no tensor names for architecture {base.arch!r}")
+        raise AdapterError(adapter.adapter_id, f"the llamacpp runner has no tensor names for "
+                           f"architecture {base.arch!r}")
     names = gguf.get_tensor_name_map(arch, base.n_layer)
-    pairs: dict[str, dict[str, np.ndarray]] = {}
-    for key, value in weights.items():
-        if key.endswith(".base_layer.weight"):
-            continue  # a copy of a base weight PEFT saves beside an lm_head/embedding LoRA
-        module, _, part = key.removeprefix(_PREFIX).rpartition(".lora_")
-        if part not in ("A.weight", "B.weight"):
-            raise refuse(f"tensor {key!r} is not a LoRA A/B weight (biases, embedding "
-                         "LoRA and modules_to_save are not supported by the llama.cpp "
-                         "runner)")
-        pairs.setdefault(module, {})[part[0]] = value
-    if not pairs:
-        raise refuse(f"{PEFT_WEIGHTS} holds no LoRA weights")
     out: dict[str, np.ndarray] = {}
-    for module, ab in sorted(pairs.items()):
-        if set(ab) != {"A", "B"}:
-            raise refuse(f"module {module!r} has lora_{next(iter(ab))} without its pair")
-        a, b = ab["A"], ab["B"]
-        if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[1]:
-            raise refuse(f"module {module!r}: lora_A {list(a.shape)} and lora_B "
-                         f"{list(b.shape)} are not a rank-r pair")
+    for module, w in sorted(adapter.weights.items()):
         name = names.get_name(module)
         if name is None:
-            raise refuse(f"target module {module!r} is not a weight of this "
-                         f"{base.arch} model")
-        b = b * _scaling(config, module, a.shape[0])
+            raise AdapterError(adapter.adapter_id, f"target module {module!r} is not in this "
+                               f"{base.arch} model ({base.n_layer} layers)")
+        a, b = w.a.numpy(), w.b.numpy()
         if base.permuted_qk and module.endswith(("q_proj", "k_proj")):
             heads = base.n_head if module.endswith("q_proj") else base.n_head_kv
             if b.shape[0] % (2 * heads):
-                raise refuse(f"module {module!r}: lora_B has {b.shape[0]} rows, not a "
-                             f"multiple of {heads} heads")
+                raise AdapterError(adapter.adapter_id, f"module {module!r}: lora_B has "
+                                   f"{b.shape[0]} rows, not {heads} heads of even size")
             b = _permute_for_rope(b, heads)
         out[name + ".weight.lora_a"] = np.ascontiguousarray(a, dtype=np.float32)
         out[name + ".weight.lora_b"] = np.ascontiguousarray(b, dtype=np.float32)
     return out
-
-
-def _scaling(config: dict[str, Any], module: str, rank: int) -> float:
-    """PEFT's scaling of ``module``: its alpha (``alpha_pattern`` or ``lora_alpha``) over
-    its rank, or over the rank's square root with rsLoRA."""
-    from peft.utils.other import get_pattern_key
-
-    alpha_pattern = config.get("alpha_pattern") or {}
-    key = get_pattern_key(list(alpha_pattern), module)
-    alpha = float(alpha_pattern.get(key, config.get("lora_alpha", 8)))
-    return alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
 
 
 def _permute_for_rope(weight: np.ndarray, heads: int) -> np.ndarray:
@@ -183,16 +87,91 @@ def _permute_for_rope(weight: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray]) -> None:
+def write_adapter_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray]) -> None:
     import gguf
 
     w = gguf.GGUFWriter(str(path), arch)
     w.add_type(gguf.GGUFType.ADAPTER)
     w.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 0.0)  # scaling folded into lora_b
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 0.0)  # PEFT's scaling is in lora_b
     for name, data in tensors.items():
         w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+class AdapterSlots:
+    """The llama.cpp adapters of a model by slot, and which one its context runs.
+
+    ``load`` runs on the registry's thread while steps run on the engine's: it only adds
+    an adapter; the one it replaces is freed by the engine thread once the context no
+    longer has it set (``activate``)."""
+
+    def __init__(self, llama_cpp: Any, model: Any, ctx: Any, base: BaseModel) -> None:
+        self.lc = llama_cpp
+        self.model = model
+        self.ctx = ctx
+        self.base = base
+        self._lock = threading.Lock()
+        self._by_slot: dict[int, Any] = {}
+        self._retired: list[Any] = []
+        self._active: Any = None  # the adapter set on the context (None: the base model)
+
+    def load(self, slot: int, adapter: LoraAdapter) -> None:
+        from engine.runners.llamacpp import llama_errors
+
+        tensors = adapter_tensors(adapter, self.base)
+        fd, tmp = tempfile.mkstemp(prefix="genserve-lora-", suffix=".gguf")
+        os.close(fd)
+        try:
+            write_adapter_gguf(Path(tmp), self.base.arch, tensors)
+            with llama_errors(self.lc) as errors:
+                ptr = self.lc.llama_adapter_lora_init(self.model, tmp.encode())
+        finally:
+            os.unlink(tmp)  # llama.cpp copied the tensors into its own buffers
+        if not ptr:
+            raise AdapterError(adapter.adapter_id, _reason(errors, adapter))
+        with self._lock:
+            old = self._by_slot.get(slot)
+            self._by_slot[slot] = ptr
+            if old is not None:
+                self._retired.append(old)
+
+    def activate(self, slot: int) -> None:
+        """Set ``slot``'s adapter on the context (0: none), on the engine thread, before
+        the step's ``llama_decode``; then free the adapters slots no longer hold."""
+        with self._lock:
+            ptr = self._by_slot[slot] if slot else None
+            retired, self._retired = self._retired, []
+        if ptr is not self._active:
+            if ptr is None:
+                rc = self.lc.llama_set_adapters_lora(self.ctx, None, 0, None)
+            else:
+                rc = self.lc.llama_set_adapters_lora(
+                    self.ctx, (self.lc.llama_adapter_lora_p_ctypes * 1)(ptr), 1,
+                    (ctypes.c_float * 1)(1.0))
+            if rc != 0:
+                raise RuntimeError(f"llama_set_adapters_lora failed ({rc}) for slot {slot}")
+            self._active = ptr
+        for old in retired:
+            self.lc.llama_adapter_lora_free(old)
+
+    def free(self) -> None:
+        """Free every adapter before the model (freeing the model frees those it still
+        holds: freeing one after it would free it twice)."""
+        with self._lock:
+            held = [*self._by_slot.values(), *self._retired]
+            self._by_slot, self._retired = {}, []
+        for ptr in held:
+            self.lc.llama_adapter_lora_free(ptr)
+
+
+def _reason(errors: list[str], adapter: LoraAdapter) -> str:
+    """llama.cpp's error, its prefix dropped ("llama_adapter_lora_init_impl: failed to
+    apply lora adapter: tensor 'blk.0.attn_q.weight' has incorrect shape ...")."""
+    for line in reversed(errors):
+        if "lora" in line:
+            return "llama.cpp refused it: " + line.split(": ", 2)[-1]
+    return "llama.cpp could not load it" + (f": {errors[-1]}" if errors else "")
