@@ -1,0 +1,205 @@
+"""LoRA adapters on the llama.cpp runner, on the tiny random Llama written as an F32 GGUF
+(tests/engine/runners/gguf_builder.py) and tiny random PEFT adapters (lora_B non-zero):
+
+- greedy output with an adapter equals transformers' with the LoRA merged into the weights
+  (peft's merge_and_unload), for two adapters (one rsLoRA, different target modules);
+- base and adapter requests running together each give their solo output, the scheduler
+  giving every step one adapter's rows (llama.cpp sets adapters per context);
+- an adapter that does not fit the model (a module it lacks, shapes of another model) is
+  an ``AdapterError`` naming it and why, nothing stays loaded, and the engine goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.adapters import AdapterError
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.loading import weights_cache
+from engine.runners.select import llama_cpp_available
+from engine.sampling_params import SamplingParams
+from tests.engine.runners.gguf_builder import write_gguf
+
+pytestmark = pytest.mark.skipif(not llama_cpp_available(),
+                                reason="llama-cpp-python is not installed")
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
+MAX_NEW = 12
+# Two adapters over different modules and ranks (a2 with rsLoRA scaling)
+ADAPTERS = {"a1": dict(seed=1, targets=["q_proj", "v_proj", "down_proj"], rank=4),
+            "a2": dict(seed=2, targets=["k_proj", "o_proj", "gate_proj", "up_proj"], rank=8,
+                       rslora=True)}
+
+
+def save_lora(model_dir: Path, directory: Path, *, seed: int, targets: list[str],
+              rank: int, rslora: bool = False) -> Path:
+    """A PEFT adapter of ``model_dir`` with random A and B (``init_lora_weights=False``:
+    a fresh adapter's B is zero and would change nothing)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, use_rslora=rslora,
+                   init_lora_weights=False))
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, tiny_model_dir) -> Path:
+    root = tmp_path_factory.mktemp("adapters")
+    for name, spec in ADAPTERS.items():
+        save_lora(tiny_model_dir, root / name, **spec)  # type: ignore[arg-type]
+    return root
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory, tiny_model_dir) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    return write_gguf(model, tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_path, cache, tiny_model_dir) -> LLMEngine:
+    """The engine on llama.cpp; its tokenizer and configs are read from the HF model the
+    GGUF was written from, which is what the weights cache would convert the GGUF back to
+    (tens of seconds for its vocabulary: not what these tests are about). torch's thread
+    count is restored after (the runner limits torch to one thread)."""
+    n = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(weights_cache, "cached_model_dir", lambda gguf, convert=None: tiny_model_dir)
+        yield LLMEngine(EngineConfig(
+            model=str(gguf_path), runner="llamacpp", max_model_len=256,
+            kv_cache_memory=4 << 20, max_num_seqs=8, threads=1, adapter_cache=str(cache),
+            max_loras=2, max_lora_rank=8))
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ids(engine) -> list[list[int]]:
+    return [engine.tokenizer(p)["input_ids"] for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def merged_greedy(tiny_model_dir, cache, ids) -> dict[str, list[list[int]]]:
+    """transformers' greedy output of each prompt, the LoRA merged into the weights
+    ("" = the base model)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for name in ("", *ADAPTERS):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        if name:
+            model = PeftModel.from_pretrained(model, cache / name).merge_and_unload()
+        with torch.inference_mode():
+            out[name] = [model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW,
+                                        min_new_tokens=MAX_NEW, do_sample=False)
+                         [0, len(p):].tolist() for p in ids]
+    return out
+
+
+def greedy() -> SamplingParams:
+    return SamplingParams(max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW)
+
+
+def run(engine: LLMEngine, requests: list[tuple[str, list[int], str]]) -> dict[str, list[int]]:
+    """Every request added at once (``(request id, prompt, adapter id)``), run to the end."""
+    assert engine.adapters is not None
+    step, done = 0, dict[str, list[int]]()
+    for rid, p, adapter in requests:
+        lease = engine.adapters.acquire(adapter) if adapter else None
+        engine.add_request(rid, p, greedy(), adapter=lease)
+        done[rid] = []
+    while engine.has_work:
+        for out in engine.step():
+            for d in out.deltas:
+                done[out.request_id] += d.token_ids
+        step += 1
+        assert step < 1000
+    assert engine.scheduler.allocator.num_used == 0
+    return done
+
+
+def test_greedy_with_an_adapter_equals_transformers_with_the_lora_merged(
+        engine, ids, merged_greedy):
+    for name in ("", *ADAPTERS):
+        out = run(engine, [(f"{name}-{i}", p, name) for i, p in enumerate(ids)])
+        assert [out[f"{name}-{i}"] for i in range(len(ids))] == merged_greedy[name], name
+    assert merged_greedy["a1"] != merged_greedy[""] != merged_greedy["a2"]  # adapters matter
+
+
+def test_base_and_adapter_requests_together_each_give_their_solo_output(
+        engine, ids, merged_greedy):
+    """Nine requests over three slots (base, a1, a2) and eight seats: the scheduler gives
+    each step one slot's rows (the runner refuses a mixed step), the slots take turns while
+    all have work, and every request still ends with its solo output."""
+    requests = [(f"m{i}-{name}", ids[i], name) for i in range(len(ids))
+                for name in ("", *ADAPTERS)]
+    order: list[int] = []  # the adapter slot of each step
+    execute = engine.runner.execute
+
+    def recording(decodes, prefills):
+        order.extend({r.adapter_slot for r in decodes} | {w.adapter_slot for w in prefills})
+        return execute(decodes, prefills)
+
+    engine.runner.execute = recording  # type: ignore[method-assign]
+    try:
+        out = run(engine, requests)
+    finally:
+        del engine.runner.execute
+    for rid, p, name in requests:
+        assert out[rid] == merged_greedy[name][ids.index(p)], rid
+    turns = [order[i:i + 3] for i in range(0, 3 * MAX_NEW, 3)]  # each group ran 12 steps
+    assert all(sorted(t) == sorted(turns[0]) for t in turns) and len(set(turns[0])) == 3
+
+
+def test_a_mixed_step_is_refused_by_the_runner(engine, ids):
+    from engine.runners.base import PrefillWork
+
+    with pytest.raises(RuntimeError, match=r"cannot run adapter slots \[0, 1\]"):
+        engine.runner.execute([], [PrefillWork(ids[0], 0, [], True, seq_id=10_001),
+                                   PrefillWork(ids[1], 0, [], True, seq_id=10_002,
+                                               adapter_slot=1)])
+    engine.runner.release(10_001)
+    engine.runner.release(10_002)
+
+
+def write_adapter(directory: Path, tensors: dict[str, torch.Tensor], rank: int) -> None:
+    from safetensors.torch import save_file
+
+    directory.mkdir()
+    save_file(tensors, directory / "adapter_model.safetensors")
+    (directory / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": rank,
+         "target_modules": sorted({k.split(".")[-3] for k in tensors})}))
+
+
+@pytest.mark.parametrize("name, module, a_shape, b_shape, reason", [
+    ("wrong-shape", "model.layers.0.self_attn.q_proj", (4, 32), (64, 4),
+     r"llama.cpp refused it: tensor 'blk.0.attn_q.weight' has incorrect shape"),
+    ("no-such-layer", "model.layers.7.self_attn.q_proj", (4, 64), (64, 4),
+     r"target module 'model.layers.7.self_attn.q_proj' is not in this llama model "
+     r"\(2 layers\)"),
+    ("no-such-module", "model.layers.0.self_attn.rotary", (4, 64), (64, 4),
+     r"target module 'model.layers.0.self_attn.rotary' is not in this llama model"),
+])
+def test_an_adapter_that_does_not_fit_is_refused_naming_it_and_nothing_stays_loaded(
+        engine, cache, ids, merged_greedy, name, module, a_shape, b_shape, reason):
+    prefix = f"base_model.model.{module}"
+    write_adapter(cache / name, {f"{prefix}.lora_A.weight": torch.ones(a_shape),
+                                 f"{prefix}.lora_B.weight": torch.ones(b_shape)}, 4)
+    assert engine.adapters is not None
+    with pytest.raises(AdapterError, match=f"adapter '{name}': {reason}"):
+        engine.adapters.acquire(name)
+    assert name not in [a.adapter_id for a in engine.adapters.resident()]
+    assert run(engine, [("after", ids[0], "a1")])["after"] == merged_greedy["a1"][0]
