@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def save_lora(model_dir: Path, directory: Path, *, seed: int, targets: list[str]
         AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
         LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, use_rslora=rslora,
                    init_lora_weights=False))
-    model.save_pretrained(directory)
+    model.save_pretrained(str(directory))
     return directory
 
 
@@ -69,7 +70,7 @@ def gguf_path(tmp_path_factory, tiny_model_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(gguf_path, cache, tiny_model_dir) -> LLMEngine:
+def engine(gguf_path, cache, tiny_model_dir) -> Iterator[LLMEngine]:
     """The engine on llama.cpp; its tokenizer and configs are read from the HF model the
     GGUF was written from, which is what the weights cache would convert the GGUF back to
     (tens of seconds for its vocabulary: not what these tests are about). torch's thread
