@@ -107,14 +107,16 @@ class AdapterSlots:
 
     ``load`` runs on the registry's thread while steps run on the engine's: it only adds
     an adapter; the one it replaces is freed by the engine thread once the context no
-    longer has it set (``activate``)."""
+    longer has it set (``activate``). Loading and freeing both change the model's own set
+    of adapters (freeing the model frees what it still holds), hence one lock for them."""
 
     def __init__(self, llama_cpp: Any, model: Any, ctx: Any, base: BaseModel) -> None:
         self.lc = llama_cpp
         self.model = model
         self.ctx = ctx
         self.base = base
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the slot table
+        self._model_lock = threading.Lock()  # the model's adapter set: init and free
         self._by_slot: dict[int, Any] = {}
         self._retired: list[Any] = []
         self._active: Any = None  # the adapter set on the context (None: the base model)
@@ -127,7 +129,7 @@ class AdapterSlots:
         os.close(fd)
         try:
             write_adapter_gguf(Path(tmp), self.base.arch, tensors)
-            with llama_errors(self.lc) as errors:
+            with self._model_lock, llama_errors(self.lc) as errors:
                 ptr = self.lc.llama_adapter_lora_init(self.model, tmp.encode())
         finally:
             os.unlink(tmp)  # llama.cpp copied the tensors into its own buffers
@@ -155,8 +157,10 @@ class AdapterSlots:
             if rc != 0:
                 raise RuntimeError(f"llama_set_adapters_lora failed ({rc}) for slot {slot}")
             self._active = ptr
-        for old in retired:
-            self.lc.llama_adapter_lora_free(old)
+        if retired:
+            with self._model_lock:
+                for old in retired:
+                    self.lc.llama_adapter_lora_free(old)
 
     def free(self) -> None:
         """Free every adapter before the model (freeing the model frees those it still
@@ -164,8 +168,9 @@ class AdapterSlots:
         with self._lock:
             held = [*self._by_slot.values(), *self._retired]
             self._by_slot, self._retired = {}, []
-        for ptr in held:
-            self.lc.llama_adapter_lora_free(ptr)
+        with self._model_lock:
+            for ptr in held:
+                self.lc.llama_adapter_lora_free(ptr)
 
 
 def _reason(errors: list[str], adapter: LoraAdapter) -> str:

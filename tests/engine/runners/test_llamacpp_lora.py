@@ -204,3 +204,37 @@ def test_an_adapter_that_does_not_fit_is_refused_naming_it_and_nothing_stays_loa
         engine.adapters.acquire(name)
     assert name not in [a.adapter_id for a in engine.adapters.resident()]
     assert run(engine, [("after", ids[0], "a1")])["after"] == merged_greedy["a1"][0]
+
+
+def test_a_slot_reused_after_eviction_runs_the_adapter_loaded_into_it(
+        engine, cache, tiny_model_dir, ids, merged_greedy):
+    """Two slots, a third adapter: it evicts the least recently used one, here the adapter
+    still set on llama.cpp's context (freed only once the context no longer has it), and
+    runs its own LoRA in that slot; the evicted adapter, reloaded, gives its output again."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    registry = engine.adapters
+    assert registry is not None
+    save_lora(tiny_model_dir, cache / "a3", seed=3, targets=["q_proj", "up_proj"], rank=2)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32), cache / "a3").merge_and_unload()
+    with torch.inference_mode():
+        want = model.generate(torch.tensor([ids[1]]), max_new_tokens=MAX_NEW,
+                              min_new_tokens=MAX_NEW, do_sample=False)[0, len(ids[1]):].tolist()
+
+    def slot(name: str) -> int:
+        return next(a.slot for a in registry.resident() if a.adapter_id == name)
+
+    assert run(engine, [("ev-a1", ids[1], "a1")])["ev-a1"] == merged_greedy["a1"][1]
+    a1_slot = slot("a1")
+    hold = registry.acquire("a2")  # a2 most recently used: a1 is the one to evict
+    try:
+        assert run(engine, [("ev-a3", ids[1], "a3")])["ev-a3"] == want
+        assert slot("a3") == a1_slot and "a1" not in [a.adapter_id for a in registry.resident()]
+    finally:
+        hold.release()
+    loads = registry.loads
+    assert run(engine, [("ev-a1b", ids[1], "a1")])["ev-a1b"] == merged_greedy["a1"][1]
+    assert run(engine, [("ev-a2", ids[1], "a2")])["ev-a2"] == merged_greedy["a2"][1]
+    assert registry.loads == loads + 2  # a1 reloaded, a2 reloaded after a1 evicted it
