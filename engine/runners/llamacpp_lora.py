@@ -53,8 +53,8 @@ class BaseModel:
     permuted_qk: bool  # llama.cpp runs it with interleaved RoPE: q/k rows were permuted
 
 
-def adapter_tensors(adapter: LoraAdapter, base: BaseModel) -> dict[str, np.ndarray]:
-    """GGUF tensor name -> float32 data of each ``lora_a`` / ``lora_b``."""
+def tensor_names(adapter: LoraAdapter, base: BaseModel) -> dict[str, str]:
+    """Each adapted module's base tensor in the GGUF ("blk.0.attn_q.weight")."""
     import gguf
 
     arch = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}.get(base.arch)
@@ -62,12 +62,21 @@ def adapter_tensors(adapter: LoraAdapter, base: BaseModel) -> dict[str, np.ndarr
         raise AdapterError(adapter.adapter_id, f"the llamacpp runner has no tensor names for "
                            f"architecture {base.arch!r}")
     names = gguf.get_tensor_name_map(arch, base.n_layer)
-    out: dict[str, np.ndarray] = {}
-    for module, w in sorted(adapter.weights.items()):
+    out = {}
+    for module in sorted(adapter.weights):
         name = names.get_name(module)
         if name is None:
             raise AdapterError(adapter.adapter_id, f"target module {module!r} is not in this "
                                f"{base.arch} model ({base.n_layer} layers)")
+        out[module] = name + ".weight"
+    return out
+
+
+def adapter_tensors(adapter: LoraAdapter, base: BaseModel) -> dict[str, np.ndarray]:
+    """GGUF tensor name -> float32 data of each ``lora_a`` / ``lora_b``."""
+    out: dict[str, np.ndarray] = {}
+    for module, name in tensor_names(adapter, base).items():
+        w = adapter.weights[module]
         a, b = w.a.numpy(), w.b.numpy()
         if base.permuted_qk and module.endswith(("q_proj", "k_proj")):
             heads = base.n_head if module.endswith("q_proj") else base.n_head_kv
@@ -75,8 +84,8 @@ def adapter_tensors(adapter: LoraAdapter, base: BaseModel) -> dict[str, np.ndarr
                 raise AdapterError(adapter.adapter_id, f"module {module!r}: lora_B has "
                                    f"{b.shape[0]} rows, not {heads} heads of even size")
             b = _permute_for_rope(b, heads)
-        out[name + ".weight.lora_a"] = np.ascontiguousarray(a, dtype=np.float32)
-        out[name + ".weight.lora_b"] = np.ascontiguousarray(b, dtype=np.float32)
+        out[name + ".lora_a"] = np.ascontiguousarray(a, dtype=np.float32)
+        out[name + ".lora_b"] = np.ascontiguousarray(b, dtype=np.float32)
     return out
 
 
@@ -134,7 +143,8 @@ class AdapterSlots:
         finally:
             os.unlink(tmp)  # llama.cpp copied the tensors into its own buffers
         if not ptr:
-            raise AdapterError(adapter.adapter_id, _reason(errors, adapter))
+            modules = {name: m for m, name in tensor_names(adapter, self.base).items()}
+            raise AdapterError(adapter.adapter_id, _reason(errors, modules))
         with self._lock:
             old = self._by_slot.get(slot)
             self._by_slot[slot] = ptr
@@ -173,10 +183,12 @@ class AdapterSlots:
                 self.lc.llama_adapter_lora_free(ptr)
 
 
-def _reason(errors: list[str], adapter: LoraAdapter) -> str:
-    """llama.cpp's error, its prefix dropped ("llama_adapter_lora_init_impl: failed to
-    apply lora adapter: tensor 'blk.0.attn_q.weight' has incorrect shape ...")."""
-    for line in reversed(errors):
-        if "lora" in line:
-            return "llama.cpp refused it: " + line.split(": ", 2)[-1]
-    return "llama.cpp could not load it" + (f": {errors[-1]}" if errors else "")
+def _reason(errors: list[str], modules: dict[str, str]) -> str:
+    """llama.cpp's error without its prefix ("llama_adapter_lora_init_impl: failed to
+    apply lora adapter: tensor 'blk.0.attn_q.weight' has incorrect shape ..."), each GGUF
+    tensor it names followed by the PEFT module (``modules``: GGUF name -> module)."""
+    line = next((e for e in reversed(errors) if "lora" in e), errors[-1] if errors else "")
+    reason = line.split(": ", 2)[-1] or "no reason given"
+    for name, module in modules.items():
+        reason = reason.replace(f"'{name}'", f"'{name}' (module '{module}')")
+    return "llama.cpp refused it: " + reason

@@ -187,7 +187,8 @@ def write_adapter(directory: Path, tensors: dict[str, torch.Tensor], rank: int) 
 
 @pytest.mark.parametrize("name, module, a_shape, b_shape, reason", [
     ("wrong-shape", "model.layers.0.self_attn.q_proj", (4, 32), (64, 4),
-     r"llama.cpp refused it: tensor 'blk.0.attn_q.weight' has incorrect shape"),
+     r"llama.cpp refused it: tensor 'blk.0.attn_q.weight' \(module "
+     r"'model.layers.0.self_attn.q_proj'\) has incorrect shape"),
     ("no-such-layer", "model.layers.7.self_attn.q_proj", (4, 64), (64, 4),
      r"target module 'model.layers.7.self_attn.q_proj' is not in this llama model "
      r"\(2 layers\)"),
