@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench import compiled, processors, spec, structured, structured_coverage
+from bench import adapters, compiled, processors, spec, structured, structured_coverage
 from bench.measure import (
     RESULTS,
     Row,
@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     server.proc.wait(60)
     startup = {"serving_s": server.serving_s, "compiled_s": server.compiled_s,
                "cli_generate_s": cli_s}
+    # LoRA: 32 clients over 4 adapters + base vs base only, and first-use load times
+    adapters_res = adapters.measure(args.model, new, args.quick)
     # JSONSchemaBench coverage, quick variant (30 schemas, every backend and AUTO, ~1-2 min;
     # its own worker processes, run with the server stopped); `make bench-structured` runs
     # the whole sample
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     structured.report(structured_res)
     spec.report(spec_res)
     compiled.report(compiled_res)
+    adapters.report(adapters_res)
     if llamacpp_res is not None:
         llamacpp.report(llamacpp_res)
     targets = {
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         **{f"{name} (coverage, quick sample of {coverage['schemas_n']})": ok
            for name, ok in coverage["targets"].items()},
         **spec.targets(spec_res),
+        **adapters.targets(adapters_res),
         **(llamacpp.targets(llamacpp_res) if llamacpp_res is not None else {}),
     }
     print()
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     out = {"when": stamp, "new_tokens": new, "rows": [asdict(r) for r in rows],
            "processor_overlap": overlap, "structured": structured_res,
            "speculative": spec_res, "compiled_decode": compiled_res, "startup": startup,
+           "adapters": adapters_res,
            "structured_coverage_quick": {k: coverage[k] for k in ("summaries", "targets",
                                                                   "schemas_n", "limit_s")},
            "targets": targets, "torch_threads": torch.get_num_threads(),

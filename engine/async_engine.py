@@ -77,8 +77,9 @@ class AsyncEngine:
         self._inbox: deque[tuple[str, Any]] = deque()
         self._wakeup = threading.Event()
         self._waiters: dict[str, Waiter] = {}  # event-loop side, by request id
-        # called on the engine thread after each step with the tokens it computed
-        self.on_step: Callable[[int], None] | None = None
+        # called on the engine thread after each step with the tokens it computed, its
+        # duration in seconds and whether it computed prompt tokens (a prefill)
+        self.on_step: Callable[[int, float, bool], None] | None = None
         self._collectors: dict[str, OutputCollector] = {}  # engine-thread side: unary requests
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -343,7 +344,9 @@ class AsyncEngine:
                 if self.engine.has_work:
                     self._route(self.engine.step(), ready)
                     if self.on_step is not None and self.engine.last_step_tokens:
-                        self.on_step(self.engine.last_step_tokens)
+                        self.on_step(self.engine.last_step_tokens,
+                                     self.engine.last_step_seconds,
+                                     self.engine.last_step_prefill)
                     with self._lock:
                         self._waiting_snapshot = self.engine.backlog()
                 if ready:

@@ -92,8 +92,13 @@ class LLMEngine:
                                          config.max_lora_rank, self.runner)
                          if config.adapter_cache else None)
         self.info.max_loras = config.max_loras if self.adapters is not None else 0
+        if self.adapters is not None and self.runner.max_loras < 1:
+            log.warning("--adapter-cache: the %s runner cannot serve LoRA adapters; requests "
+                        "naming one are refused", self.runner.name)
         self.requests: dict[str, Request] = {}
         self.last_step_tokens = 0  # tokens the last step computed (iteration-tokens metric)
+        self.last_step_seconds = 0.0  # how long it took (TGIS's batch inference duration)
+        self.last_step_prefill = False  # it computed prompt tokens (not decodes only)
         self._seq_ids = itertools.count()
         self._touched: dict[str, Request] = {}  # requests with output to collect
 
@@ -204,8 +209,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         for seq in past_time_limit(self.requests.values(), time.monotonic()):
             self._finish(seq, FinishReason.TIME_LIMIT)
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         self.last_step_tokens = sum(s.num_tokens for s in scheduled)
+        self.last_step_prefill = any(s.num_tokens > 1 or not s.samples for s in scheduled)
         if scheduled:
             now = time.monotonic()
             for s in scheduled:
@@ -233,6 +240,7 @@ class LLMEngine:
             for entry in layout.entries:
                 if not entry.seq.is_finished:
                     self.scheduler.cache_blocks(entry.seq)
+        self.last_step_seconds = time.perf_counter() - start
         return self._collect()
 
     def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, list[int]]:

@@ -243,6 +243,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         parsed = await off_loop_if(input_chars(req) > OFF_LOOP_CHARS, parse_request, req,
                                    self._live.tokenizer, self._live.info, self.limits,
                                    self.registry, call.correlation_id)
+        self._live.check_adapter(parsed.adapter_id)  # before compiling a grammar for it
         self.started(parsed.request_id, call)
         return parsed
 

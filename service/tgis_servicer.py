@@ -94,6 +94,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
         engine.check_queue()
         limits = self.native.limits
         validate_params(params, limits)
+        engine.check_adapter(adapter_id)
         out = []
         for i, text in enumerate(texts):
             try:

@@ -6,17 +6,18 @@ weights holding every adapter slot side by side, each slot ``R = max_lora_rank``
 
     A_cat [in, S * R]    B_cat [S * R, out]      (S = max_loras; slot 0, the base, has none)
 
-A step passes each token's slot as a one-hot mask ``[T, S]``; the hook adds
+A step passes each token's slot as a mask ``[T, S * R]`` (ones over the token's own
+slot's R columns, zeros elsewhere: all zero for base rows); the hook adds
 
-    ((x @ A_cat) viewed [T, S, R] * mask[:, :, None]) viewed [T, S * R] @ B_cat
+    out += ((x @ A_cat) * mask) @ B_cat        (one mm, one mul, one addmm per layer)
 
-so each token gets exactly its own adapter's ``x A^T B^T`` (zero for base rows) from two
-dense matmuls: no loop over rows, slots or layers in Python, fixed shapes whatever the mix
-(the compiled decode step and CUDA graphs take it as is). The price is the LoRA matmuls
-over every slot, ``S * R * (in + out)`` multiply-adds per token and layer, against
-``in * out`` for the layer itself (18% for S * R = 64 over SmolLM2-135M's layers).
-Eagerly, a step with no adapter row skips the hooks entirely, and a layer no resident
-adapter targets skips its own.
+so each token gets exactly its own adapter's ``x A^T B^T`` (zero for base rows): no loop
+over rows, slots or layers in Python, fixed shapes whatever the mix (the compiled decode
+step and CUDA graphs take it as is). The price is the LoRA matmuls over every slot,
+``S * R * (in + out)`` multiply-adds per token and layer, against ``in * out`` for the
+layer itself (18% for S * R = 64 over SmolLM2-135M's layers). Eagerly, a step with no
+adapter row skips the hooks entirely, and a layer no resident adapter targets skips its
+own.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class _StepMask(threading.local):
     """The running forward's token mask, per thread: a draft model sharing these layers
     (self-draft) or a background compile never sees another thread's step."""
 
-    mask: torch.Tensor | None = None  # [T, S]
+    mask: torch.Tensor | None = None  # [T, S * R]
     always: bool = False  # compute every hooked layer (a CUDA graph being captured)
 
 
@@ -63,7 +64,7 @@ class LoraLayers:
         self.current = _StepMask()
         # Compiled steps read the mask from here (rows filled before each run): one
         # tensor for the graphs' lifetime, sized by ``reserve_static``.
-        self.static_mask = torch.zeros(1, max_loras, dtype=dtype, device=device)
+        self.static_mask = torch.zeros(1, max_loras * max_rank, dtype=dtype, device=device)
         head = model.get_output_embeddings()
         width = max_loras * max_rank
         for name, mod in model.named_modules():
@@ -117,10 +118,11 @@ class LoraLayers:
     # ---- steps -----------------------------------------------------------------------
 
     def mask_for(self, slots: Sequence[int]) -> torch.Tensor:
-        """``[len(slots), S]`` one-hot rows (all zero for slot 0, the base model)."""
+        """``[len(slots), S * R]``: ones over each row's slot's columns (none for slot 0,
+        the base model)."""
         idx = torch.tensor(slots, dtype=torch.long)
-        mask = F.one_hot(idx, self.slots + 1)[:, 1:].to(self.dtype)
-        return mask.to(self.device, non_blocking=True)
+        mask = F.one_hot(idx, self.slots + 1)[:, 1:].repeat_interleave(self.rank, dim=1)
+        return mask.to(self.device, self.dtype, non_blocking=True)
 
     @contextmanager
     def step(self, slots: Sequence[int]) -> Iterator[None]:
@@ -139,7 +141,7 @@ class LoraLayers:
         """Size the compiled steps' mask for up to ``rows`` tokens; call before building
         any graph (they keep the tensor they were built with)."""
         if rows > self.static_mask.shape[0]:
-            self.static_mask = torch.zeros(rows, self.slots, dtype=self.dtype,
+            self.static_mask = torch.zeros(rows, self.slots * self.rank, dtype=self.dtype,
                                            device=self.device)
 
     def fill_static(self, slots: Sequence[int]) -> None:
@@ -171,5 +173,6 @@ def _apply(lora: LoraLayers, stack: _Stack, module: nn.Module, args: tuple[Any, 
         mask = lora.current.mask
         if mask is None or not (stack.targeted or lora.current.always):
             return None
-    h = (x @ stack.a).unflatten(-1, (lora.slots, lora.rank)) * mask[:, :, None]
-    return out + h.flatten(-2) @ stack.b
+    flat = out.view(-1, out.shape[-1])
+    flat.addmm_((x.view(-1, x.shape[-1]) @ stack.a).mul_(mask), stack.b)
+    return out
