@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,39 +26,21 @@ from engine.loading import weights_cache
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from tests.engine.runners.gguf_builder import write_gguf
+from tests.lora_adapters import ADAPTERS, hf_greedy, merged_model, save_lora
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
                                 reason="llama-cpp-python is not installed")
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
 MAX_NEW = 12
-# Two adapters over different modules and ranks (a2 with rsLoRA scaling)
-ADAPTERS = {"a1": dict(seed=1, targets=["q_proj", "v_proj", "down_proj"], rank=4),
-            "a2": dict(seed=2, targets=["k_proj", "o_proj", "gate_proj", "up_proj"], rank=8,
-                       rslora=True)}
-
-
-def save_lora(model_dir: Path, directory: Path, *, seed: int, targets: list[str],
-              rank: int, rslora: bool = False) -> Path:
-    """A PEFT adapter of ``model_dir`` with random A and B (``init_lora_weights=False``:
-    a fresh adapter's B is zero and would change nothing)."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, use_rslora=rslora,
-                   init_lora_weights=False))
-    model.save_pretrained(str(directory))
-    return directory
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory, tiny_model_dir) -> Path:
-    root = tmp_path_factory.mktemp("adapters")
-    for name, spec in ADAPTERS.items():
-        save_lora(tiny_model_dir, root / name, **spec)  # type: ignore[arg-type]
+def cache(tmp_path_factory, lora_cache) -> Path:
+    """A copy of the session's adapter cache (``tests.lora_adapters.ADAPTERS``: a1, a2 with
+    rsLoRA, over different modules), which these tests add adapters to."""
+    root = tmp_path_factory.mktemp("llamacpp-adapters") / "cache"
+    shutil.copytree(lora_cache, root)
     return root
 
 
@@ -94,18 +77,11 @@ def ids(engine) -> list[list[int]]:
 def merged_greedy(tiny_model_dir, cache, ids) -> dict[str, list[list[int]]]:
     """transformers' greedy output of each prompt, the LoRA merged into the weights
     ("" = the base model)."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     out = {}
     for name in ("", *ADAPTERS):
-        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-        if name:
-            model = PeftModel.from_pretrained(model, cache / name).merge_and_unload()
+        model = merged_model(tiny_model_dir, cache / name if name else None)
         with torch.inference_mode():
-            out[name] = [model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW,
-                                        min_new_tokens=MAX_NEW, do_sample=False)
-                         [0, len(p):].tolist() for p in ids]
+            out[name] = [hf_greedy(model, p, MAX_NEW) for p in ids]
     return out
 
 
@@ -212,17 +188,11 @@ def test_a_slot_reused_after_eviction_runs_the_adapter_loaded_into_it(
     """Two slots, a third adapter: it evicts the least recently used one, here the adapter
     still set on llama.cpp's context (freed only once the context no longer has it), and
     runs its own LoRA in that slot; the evicted adapter, reloaded, gives its output again."""
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     registry = engine.adapters
     assert registry is not None
     save_lora(tiny_model_dir, cache / "a3", seed=3, targets=["q_proj", "up_proj"], rank=2)
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
-        tiny_model_dir, dtype=torch.float32), cache / "a3").merge_and_unload()
     with torch.inference_mode():
-        want = model.generate(torch.tensor([ids[1]]), max_new_tokens=MAX_NEW,
-                              min_new_tokens=MAX_NEW, do_sample=False)[0, len(ids[1]):].tolist()
+        want = hf_greedy(merged_model(tiny_model_dir, cache / "a3"), ids[1], MAX_NEW)
 
     def slot(name: str) -> int:
         return next(a.slot for a in registry.resident() if a.adapter_id == name)
