@@ -2,11 +2,13 @@
 (tests/engine/runners/gguf_builder.py) and tiny random PEFT adapters (lora_B non-zero):
 
 - greedy output with an adapter equals transformers' with the LoRA merged into the weights
-  (peft's merge_and_unload), for two adapters (one rsLoRA, different target modules);
+  (peft's merge_and_unload), for two adapters (one rsLoRA, different target modules), on
+  Llama (interleaved RoPE in llama.cpp: q/k rows permuted) and Qwen2 (NEOX RoPE: not);
 - base and adapter requests running together each give their solo output, the scheduler
   giving every step one adapter's rows (llama.cpp sets adapters per context);
 - an adapter that does not fit the model (a module it lacks, shapes of another model) is
-  an ``AdapterError`` naming it and why, nothing stays loaded, and the engine goes on.
+  an ``AdapterError`` naming it and why, nothing stays loaded, and the engine goes on;
+- a slot reused after LRU eviction runs the adapter loaded into it.
 """
 
 from __future__ import annotations
@@ -217,3 +219,37 @@ def test_a_slot_reused_after_eviction_runs_the_adapter_loaded_into_it(
     assert run(engine, [("ev-a1b", ids[1], "a1")])["ev-a1b"] == merged_greedy["a1"][1]
     assert run(engine, [("ev-a2", ids[1], "a2")])["ev-a2"] == merged_greedy["a2"][1]
     assert registry.loads == loads + 2  # a1 reloaded, a2 reloaded after a1 evicted it
+
+
+def test_on_a_neox_rope_model_q_and_k_are_not_permuted(tmp_path, tokenizer_dir, ids):
+    """Qwen2 runs with NEOX RoPE in llama.cpp: its q/k weights, and so lora_B of q/k, keep
+    HF's row order (the Llama model above had them permuted); greedy output with a q/k/v
+    adapter equals transformers with it merged."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = transformers.Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False, initializer_range=0.2)
+    torch.manual_seed(0)
+    model_dir = tmp_path / "qwen2"
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    path = write_gguf(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                      tmp_path / "tiny-qwen2.gguf")
+    save_lora(model_dir, tmp_path / "adapters" / "qk", seed=4,
+              targets=["q_proj", "k_proj", "v_proj"], rank=4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(weights_cache, "cached_model_dir", lambda gguf, convert=None: model_dir)
+        qwen = LLMEngine(EngineConfig(
+            model=str(path), runner="llamacpp", max_model_len=256, kv_cache_memory=4 << 20,
+            max_num_seqs=4, threads=1, adapter_cache=str(tmp_path / "adapters"),
+            max_loras=1, max_lora_rank=8))
+    with torch.inference_mode():
+        merged = merged_model(model_dir, tmp_path / "adapters" / "qk")
+        want = [hf_greedy(merged, p, MAX_NEW) for p in ids[:2]]
+    out = run(qwen, [(f"q{i}", p, "qk") for i, p in enumerate(ids[:2])])
+    assert [out["q0"], out["q1"]] == want
