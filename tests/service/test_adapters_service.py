@@ -48,11 +48,12 @@ BAD = [("nope", "unknown adapter"), ("../a1", "not a valid adapter id"),
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, cache):
+def server(tiny_model_dir, cache, structured_outputs):
     engine = AsyncEngine.from_config(EngineConfig(
         model=str(tiny_model_dir), max_model_len=128, adapter_cache=str(cache), max_loras=2,
         enforce_eager=True))
-    running, _ = start_server(engine, ServiceLimits(max_batch_size=8), structured=None)
+    running, _ = start_server(engine, ServiceLimits(max_batch_size=8),
+                              structured_outputs=structured_outputs)
     yield running
     stop_server(running)
 
@@ -114,6 +115,17 @@ def test_tgis_adapter_id_generate_and_stream(channel):
         adapter_id="a1", params=tgis_params(), request=tgis.GenerationRequest(text=TEXT)),
         timeout=60)
     assert "".join(m.text for m in streamed) == texts["a1"]
+
+
+def test_structured_output_with_an_adapter(channel):
+    stub = pb_grpc.GenerationServiceStub(channel)
+    choices = ["red", "green", "blue"]
+    for a in ("a1", "a2"):
+        resp = stub.Generate(pb.GenerateRequest(
+            prompt=TEXT, adapter_id=a, stopping=pb.StoppingCriteria(max_new_tokens=8),
+            structured_output=pb.StructuredOutput(choice=pb.ChoiceList(choices=choices))),
+            timeout=60)
+        assert resp.completions[0].text in choices
 
 
 @pytest.mark.parametrize(("adapter_id", "reason"), BAD, ids=[r for _, r in BAD])
