@@ -78,7 +78,9 @@ class LLMEngine:
                                    long_prefill_token_threshold=long_prefill_threshold(
                                        config, self.runner),
                                    max_long_partial_prefills=config.max_long_partial_prefills,
-                                   prefix_caching=caching)
+                                   prefix_caching=caching,
+                                   mixed_adapters=self.runner.supports_mixed_adapters
+                                   or not config.adapter_cache)
         self.info.prefix_caching = caching
         self.sampler = Sampler()
         self.processor_runner = ProcessorRunner(

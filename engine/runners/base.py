@@ -96,6 +96,9 @@ class Runner(Protocol):
     # LoRA adapter slots 1..max_loras that rows may name (``adapter_slot``); 0 = this
     # runner serves no adapters (the registry refuses them, naming the runner)
     max_loras: int
+    # One step may hold rows of several adapter slots; False: the scheduler gives each
+    # step the rows of one slot (llama.cpp sets adapters per context, not per sequence)
+    supports_mixed_adapters: bool
 
     @property
     def row_cost(self) -> float:

@@ -20,6 +20,9 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
   sequence id in the batch: llama.cpp masks them causally, exactly the multi-token query.
 - Logits are asked for only on the rows the contract returns; they are read with one
   numpy view of llama.cpp's output buffer per ``llama_decode``.
+- LoRA adapters apply per context, not per sequence: a step holds the rows of one adapter
+  slot (``supports_mixed_adapters = False``; the scheduler groups steps), whose adapter is
+  set on the context before its decode (``engine/runners/llamacpp_lora.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.adapters import AdapterError, LoraAdapter
+from engine.adapters import LoraAdapter
 from engine.config import EngineConfig
 from engine.loading.model_loader import (
     ModelSource,
@@ -52,6 +55,7 @@ from engine.runners.base import (
     WarmupReport,
     config_eos_ids,
 )
+from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +183,8 @@ class LlamaCppRunner:
     # table: sharing a prompt's cells between sequences (llama_memory_seq_cp) is not wired
     # up, so prefix caching is off on this runner.
     supports_prefix_caching = False
-    # LoRA adapters are not wired up here yet: the registry refuses them, naming this runner
-    max_loras = 0
+    # llama.cpp sets adapters on the context, for every row of a decode: one per step
+    supports_mixed_adapters = False
 
     def __init__(self, config: EngineConfig) -> None:
         llama_cpp = llama_lib()
@@ -264,6 +268,10 @@ class LlamaCppRunner:
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
+        self.max_loras = config.max_loras if config.adapter_cache else 0
+        self.adapters = AdapterSlots(llama_cpp, self.model, self.ctx, BaseModel(
+            str(arch), n_layer, llama_cpp.llama_model_n_head(self.model), n_head_kv,
+            llama_cpp.llama_model_rope_type(self.model) == llama_cpp.LLAMA_ROPE_TYPE_NORM))
         self.tokenizer = self._load_tokenizer(source, path, arch)
         if config.chat_template:
             use_chat_template(self.tokenizer, config.chat_template)
@@ -283,6 +291,8 @@ class LlamaCppRunner:
         if getattr(self, "ctx", None):
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
+        if getattr(self, "adapters", None) is not None:
+            self.adapters.free()
         if getattr(self, "model", None):
             llama_cpp.llama_model_free(self.model)
             self.model = None
@@ -428,7 +438,9 @@ class LlamaCppRunner:
         return WarmupReport()
 
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
-        raise AdapterError(adapter.adapter_id, "the llamacpp runner cannot serve LoRA adapters")
+        """Convert ``adapter`` to llama.cpp's adapter GGUF and load it into ``slot`` (off
+        the engine thread; ``AdapterError`` when llama.cpp finds it does not fit)."""
+        self.adapters.load(slot, adapter)
 
     # ---- sequences ------------------------------------------------------------------
 
@@ -490,6 +502,10 @@ class LlamaCppRunner:
         rows.extend(extra)
         if not tokens:
             return torch.empty(0, self.vocab_size)
+        adapter = {r.adapter_slot for r in decodes} | {w.adapter_slot for w in prefills}
+        if len(adapter) > 1:  # the scheduler groups steps by adapter for this runner
+            raise RuntimeError(f"one llama.cpp step cannot run adapter slots {sorted(adapter)}")
+        self.adapters.activate(adapter.pop())
         return self._decode(tokens, positions, slots, rows)
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int],

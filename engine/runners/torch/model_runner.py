@@ -46,6 +46,7 @@ class ModelRunner:
     # bandwidth bound (nine rows cost ~1.5 one-row steps), on CUDA far more so.
     row_cost = 0.0
     supports_prefix_caching = True  # attention reads each row's blocks through its table
+    supports_mixed_adapters = True  # per-row LoRA (engine/runners/torch/lora.py)
 
     def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,
                  num_blocks: int | None = None) -> None:
