@@ -17,6 +17,10 @@ class EngineConfig:
     # llama_cpp package is importable, torch otherwise.
     runner: str = "auto"  # auto | torch | llamacpp
     threads: int | None = None  # llama.cpp runner's threads; None = the cores we may use
+    # llama.cpp runner: prefill in ubatches of at most 63 tokens, the size below which its
+    # flash attention keeps one kernel, so a sequence's logits do not depend on how its
+    # prompt was chunked (~2x slower prefill; docs/llamacpp-runner.md#batch-invariance).
+    batch_invariant: bool = False
     max_model_len: int | None = None  # None = min(model's max positions, 4096)
     max_num_seqs: int = 64  # sequences running in one step
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)

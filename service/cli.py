@@ -91,6 +91,10 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "installed, else torch"),
     ("--threads", "threads", positive_int,
      "llama.cpp runner's threads (default: the cores this process may use)"),
+    ("--batch-invariant", "batch_invariant", bool,
+     "llama.cpp runner: prefill in 63-token ubatches so a sequence's logits do not depend "
+     "on how its prompt was chunked, at about half the prefill speed (off: 512-token "
+     "ubatches)"),
     ("--enforce-eager", "enforce_eager", bool,
      "run every step eagerly: no compiled decode step (torch.compile on CPU, built in the "
      "background while serving; CUDA graphs on CUDA, captured before SERVING)"),

@@ -56,16 +56,17 @@ log = logging.getLogger(__name__)
 
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default f16 K and V cache
 LLAMA_MAX_SEQ = 256  # llama.cpp's bound on sequences in one context (src/llama-cparams.h)
-# Batch invariance: a sequence's logits must not depend on what else runs in its step, or
-# greedy output would change with batch mates, chunking and preemption. llama.cpp's CPU
-# attention without flash attention sums over KV cells with SIMD lanes, so its result
-# depends on which cells a sequence landed in; flash attention's per-query kernel walks a
-# sequence's cells in order and does not, but from 64 queries in one ubatch llama.cpp
-# switches to a tiled kernel whose logits differ (by up to 0.56 on the default model).
-# Hence flash attention on and ubatches of at most 63 tokens (prefill ~30% slower than
-# 512-token ubatches, decode unaffected up to 63 rows a step).
+# Batch invariance (``--batch-invariant``): a sequence's logits should not depend on how
+# its prompt was chunked. llama.cpp's CPU attention without flash attention sums over KV
+# cells with SIMD lanes, so its result depends on which cells a sequence landed in; flash
+# attention's per-query kernel walks a sequence's cells in order and does not, but from 64
+# queries in one ubatch llama.cpp switches to a tiled kernel whose logits differ (by up to
+# 0.56 on the default model). Hence flash attention always, and ubatches of at most 63
+# tokens in the invariant mode; 512 otherwise (prefill ~1.3-2x faster, measured in
+# docs/llamacpp-runner.md; decode steps of up to 63 rows are the same either way).
 FLASH_ATTN = 1  # llama_context_params.flash_attn_type: -1 auto, 0 off, 1 on
-MAX_UBATCH = 63
+INVARIANT_UBATCH = 63
+UBATCH = 512
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
 _backend_ready = False
@@ -243,7 +244,8 @@ class LlamaCppRunner:
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.num_blocks * config.block_size
         cparams.n_batch = self.n_batch
-        cparams.n_ubatch = min(self.n_batch, MAX_UBATCH)
+        cparams.n_ubatch = min(self.n_batch, INVARIANT_UBATCH if config.batch_invariant
+                               else UBATCH)
         cparams.n_seq_max = config.max_num_seqs
         cparams.kv_unified = True
         cparams.n_threads = cparams.n_threads_batch = self.threads
