@@ -21,6 +21,10 @@ class EngineConfig:
     # flash attention keeps one kernel, so a sequence's logits do not depend on how its
     # prompt was chunked (~2x slower prefill; docs/llamacpp-runner.md#batch-invariance).
     batch_invariant: bool = False
+    # llama.cpp runner: run a requantised copy of the GGUF (cached on disk): auto = Q8_0
+    # for Q4_1, whose batched kernels scale worse (engine/runners/requantize.py); none =
+    # the file as it is; Q8_0 / F16 = that format.
+    requantize: str = "auto"
     max_model_len: int | None = None  # None = min(model's max positions, 4096)
     max_num_seqs: int = 64  # sequences running in one step
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)

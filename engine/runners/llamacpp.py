@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from engine.runners.base import (
     WarmupReport,
     config_eos_ids,
 )
+from engine.runners.requantize import requantize, target_format
 
 log = logging.getLogger(__name__)
 
@@ -206,18 +208,23 @@ class LlamaCppRunner:
             torch.set_num_threads(1)
 
         start = time.perf_counter()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        with llama_errors(llama_cpp) as errors:
-            self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
-        if not self.model:
-            reason = "; ".join(errors) or "no reason given"
-            raise ValueError(f"llama.cpp could not load {path} (general.architecture "
-                             f"{gguf_architecture(path)!r}): {reason}")
+        self.model = self._load(path)
+        self.quantization = self._ftype()
+        self.requantized_from: str | None = None
+        target = target_format(config.requantize, self.quantization)
+        if target is not None:
+            try:
+                path = str(requantize(llama_cpp, Path(path), target, self.threads))
+            except (OSError, RuntimeError) as e:  # an optimisation: run the file as it is
+                log.warning("could not requantise %s to %s (%s): running it as %s", path,
+                            target, e, self.quantization)
+            else:
+                llama_cpp.llama_model_free(self.model)
+                self.model = self._load(path)
+                self.requantized_from, self.quantization = self.quantization, self._ftype()
+        self.path = path
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.quantization = (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(self.model))
-                             or b"?").decode()
         n_layer = llama_cpp.llama_model_n_layer(self.model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
         head_dim = llama_cpp.llama_model_n_embd(self.model) // llama_cpp.llama_model_n_head(
@@ -269,10 +276,13 @@ class LlamaCppRunner:
         self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
-        log.info("llama.cpp runner: %s (%s, %s) loaded in %.1fs; %d threads; KV cache %d "
-                 "cells (%d blocks of %d, %.0f MiB f16) for %d sequences", self.model_id,
-                 desc.value.decode(), self.quantization, time.perf_counter() - start,
-                 self.threads, cparams.n_ctx, self.num_blocks, config.block_size,
+        log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
+                 "KV cache %d cells (%d blocks of %d, %.0f MiB f16) for %d sequences",
+                 self.model_id, desc.value.decode(), self.quantization,
+                 f", requantised from {self.requantized_from}" if self.requantized_from
+                 else "", time.perf_counter() - start, self.threads, cparams.n_ubatch,
+                 " (batch invariant)" if config.batch_invariant else "", cparams.n_ctx,
+                 self.num_blocks, config.block_size,
                  self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs)
 
     def __del__(self) -> None:
@@ -285,6 +295,21 @@ class LlamaCppRunner:
         if getattr(self, "model", None):
             llama_cpp.llama_model_free(self.model)
             self.model = None
+
+    def _load(self, path: str) -> Any:
+        mparams = self.llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        with llama_errors(self.llama_cpp) as errors:
+            model = self.llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        if not model:
+            reason = "; ".join(errors) or "no reason given"
+            raise ValueError(f"llama.cpp could not load {path} (general.architecture "
+                             f"{gguf_architecture(path)!r}): {reason}")
+        return model
+
+    def _ftype(self) -> str:
+        lc = self.llama_cpp
+        return (lc.llama_ftype_name(lc.llama_model_ftype(self.model)) or b"?").decode()
 
     @property
     def row_cost(self) -> float:

@@ -134,7 +134,7 @@ def reference(built, ids) -> list[list[int]]:
 def config(path: Path) -> EngineConfig:
     return EngineConfig(model=str(path), runner="llamacpp", max_model_len=512,
                         kv_cache_memory=8 << 20, max_num_seqs=8, threads=THREADS,
-                        batch_invariant=True)  # as the reference: 63-token ubatches
+                        batch_invariant=True, requantize="none")  # as the reference
 
 
 def greedy() -> SamplingParams:
