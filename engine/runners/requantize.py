@@ -37,6 +37,26 @@ def target_format(choice: str, current: str) -> str | None:
     return None if target == current else target
 
 
+def file_format(llama_cpp, gguf: Path) -> str:
+    """The GGUF's weight format as llama.cpp names it ("Q4_1"), read without its weights."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), params)
+    if not model:
+        raise ValueError(f"llama.cpp could not read {gguf}")
+    try:
+        return (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(model)) or b"?").decode()
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def served_gguf(llama_cpp, gguf: Path, choice: str, threads: int) -> Path:
+    """The file the llama.cpp runner runs for ``gguf`` under ``--requantize choice`` (for
+    a bench to run llama.cpp itself on the same weights)."""
+    target = target_format(choice, file_format(llama_cpp, gguf))
+    return requantize(llama_cpp, gguf, target, threads) if target else gguf
+
+
 def requantized_path(gguf: Path, target: str) -> Path:
     """Where the cached copy of ``gguf`` in ``target`` format lives (it may not exist)."""
     return cache_root() / "requantized" / f"{gguf.stem}-{source_key(gguf)[:20]}.{target}.gguf"
