@@ -30,8 +30,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
     # Most tokens one prefill gets in a step (0 = the whole budget): keeps a step short
     # while a long prompt prefills, so new requests are admitted and decoded beside it.
-    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (~0.6 s a
-    # step on 2 cores, no prefill throughput lost: it runs 63-token ubatches anyway), 256
+    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (a 1,024-token
+    # prompt's first token came as soon as with 256 or 512, within noise, on its default
+    # Q8_0 copy in 512-token ubatches; 63-token ubatches with --batch-invariant), 256
     # on the torch runner on CPU (~0.5 s; 128 cost ~25% prefill throughput there, 256
     # ~10%), 0 on CUDA (a 512-token step takes milliseconds).
     long_prefill_token_threshold: int | None = None

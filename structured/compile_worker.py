@@ -10,6 +10,7 @@ directory, and keep their backends (xgrammar's compile cache among them) between
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -44,12 +45,16 @@ class WorkerSetup:
     max_whitespace: int
     xgrammar_cache_bytes: int = 512 * 1024 * 1024
     nice: int = 5  # compiles yield the CPU to the engine's step
+    # Imports and backend tables (seconds of CPU) run at the lowest priority, then the
+    # worker returns to ``nice`` where it may (raising priority needs CAP_SYS_NICE; without
+    # it the worker stays at this one): a server's first requests must not wait on them.
+    import_nice: int = 19
 
 
 def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
     """The worker's loop: one (backend, spec) job at a time, answered ("ok", payload) or
     ("error", message)."""
-    os.nice(setup.nice)
+    os.setpriority(os.PRIO_PROCESS, 0, max(setup.nice, setup.import_nice))
     import torch
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
@@ -63,6 +68,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
         XGRAMMAR: XGrammarBackend(*args, cache_bytes=setup.xgrammar_cache_bytes),
         LM_FORMAT_ENFORCER: LMFEBackend(*args),
     }
+    _renice_threads(setup.nice)
     conn.send(("ready", None))
     while True:
         try:
@@ -79,6 +85,19 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
             conn.send(("error", str(e)))
         except Exception as e:  # a backend bug: report it, keep the worker
             conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _renice_threads(nice: int) -> None:
+    """Every thread of this process to ``nice`` (Linux keeps a nice value per thread, and
+    the backends' pools were started at the import priority); where raising priority is
+    not allowed, they keep theirs."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(PermissionError, ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 def rss_bytes(pid: int) -> int:
