@@ -54,7 +54,8 @@ class WorkerSetup:
 def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
     """The worker's loop: one (backend, spec) job at a time, answered ("ok", payload) or
     ("error", message)."""
-    os.setpriority(os.PRIO_PROCESS, 0, max(setup.nice, setup.import_nice))
+    inherited = os.getpriority(os.PRIO_PROCESS, 0)  # nice values are relative to it
+    os.setpriority(os.PRIO_PROCESS, 0, min(19, inherited + max(setup.nice, setup.import_nice)))
     import torch
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
@@ -68,7 +69,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
         XGRAMMAR: XGrammarBackend(*args, cache_bytes=setup.xgrammar_cache_bytes),
         LM_FORMAT_ENFORCER: LMFEBackend(*args),
     }
-    _renice_threads(setup.nice)
+    _renice_threads(min(19, inherited + setup.nice))
     conn.send(("ready", None))
     while True:
         try:
