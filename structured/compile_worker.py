@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,17 +45,24 @@ class WorkerSetup:
     max_whitespace: int
     xgrammar_cache_bytes: int = 512 * 1024 * 1024
     nice: int = 5  # compiles yield the CPU to the engine's step
-    # Imports and backend tables (seconds of CPU) run at the lowest priority, then the
-    # worker returns to ``nice`` where it may (raising priority needs CAP_SYS_NICE; without
-    # it the worker stays at this one): a server's first requests must not wait on them.
-    import_nice: int = 19
+    # Priority of the imports and backend tables (seconds of CPU); None = ``nice``. After
+    # them the worker returns to ``nice`` where it may (raising priority needs
+    # CAP_SYS_NICE; without it the worker stays at this one).
+    import_nice: int | None = None
+
+
+# Workers spawned in the background (``CompileWorkers.prestart``, a server once idle)
+# import at the lowest priority: a server's requests must not wait on them. On a CPU other
+# work saturates, a request that then needs such a worker waits for its import.
+BACKGROUND_IMPORT_NICE = 19
 
 
 def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
     """The worker's loop: one (backend, spec) job at a time, answered ("ok", payload) or
     ("error", message)."""
     inherited = os.getpriority(os.PRIO_PROCESS, 0)  # nice values are relative to it
-    os.setpriority(os.PRIO_PROCESS, 0, min(19, inherited + max(setup.nice, setup.import_nice)))
+    first = setup.nice if setup.import_nice is None else max(setup.nice, setup.import_nice)
+    os.setpriority(os.PRIO_PROCESS, 0, min(19, inherited + first))
     import torch
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
@@ -161,8 +168,9 @@ class CompileWorkers:
                 idle.append(self._idle.get_nowait())
             except queue.Empty:
                 break
+        background = replace(self.setup, import_nice=BACKGROUND_IMPORT_NICE)
         for worker in idle:
-            self._idle.put(worker if worker is not None else _Worker(self.setup, self.name))
+            self._idle.put(worker if worker is not None else _Worker(background, self.name))
 
     def run(self, backend: str, spec: StructuredSpec, timeout_s: float) -> Any:
         worker = self._take()
