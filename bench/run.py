@@ -22,7 +22,15 @@ from pathlib import Path
 
 import torch
 
-from bench import adapters, compiled, processors, spec, structured, structured_coverage
+from bench import (
+    adapters,
+    compiled,
+    default_server,
+    processors,
+    spec,
+    structured,
+    structured_coverage,
+)
 from bench.measure import (
     RESULTS,
     Row,
@@ -122,6 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     # the whole sample
     coverage = structured_coverage.run(["--quick", "--out",
                                         str(RESULTS / "structured_coverage_quick.json")])
+    # The default server (default flags, a fresh start: its first minute too) on the rows a
+    # user meets first, against HF and llama.cpp itself (issue 28).
+    gc.collect()
+    default_res = default_server.measure(args.model, new, args.quick)
     llamacpp_res = None
     if llama_cpp_available() and not args.skip_llamacpp:
         from bench import llamacpp
@@ -151,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     spec.report(spec_res)
     compiled.report(compiled_res)
     adapters.report(adapters_res)
+    default_server.report(default_res)
     if llamacpp_res is not None:
         llamacpp.report(llamacpp_res)
     targets = {
@@ -166,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
            for name, ok in coverage["targets"].items()},
         **spec.targets(spec_res),
         **adapters.targets(adapters_res),
+        **default_server.targets(default_res),
         **(llamacpp.targets(llamacpp_res) if llamacpp_res is not None else {}),
     }
     print()
@@ -179,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
            "structured_coverage_quick": {k: coverage[k] for k in ("summaries", "targets",
                                                                   "schemas_n", "limit_s")},
            "targets": targets, "torch_threads": torch.get_num_threads(),
-           "llamacpp": llamacpp_res}
+           "llamacpp": llamacpp_res, "default_server": default_res}
     (RESULTS / "serving.json").write_text(json.dumps(out, indent=2))
     plot(rows, RESULTS / "serving.png")
     print(f"\nwrote {RESULTS / 'serving.json'} and serving.png")

@@ -128,6 +128,11 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
 
+    @property
+    def idle(self) -> bool:
+        """No request in flight (read on the event loop, where requests register)."""
+        return not self._waiters
+
     # ---- requests -------------------------------------------------------------------
 
     def check_queue(self) -> None:

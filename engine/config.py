@@ -17,6 +17,14 @@ class EngineConfig:
     # llama_cpp package is importable, torch otherwise.
     runner: str = "auto"  # auto | torch | llamacpp
     threads: int | None = None  # llama.cpp runner's threads; None = the cores we may use
+    # llama.cpp runner: prefill in ubatches of at most 63 tokens, the size below which its
+    # flash attention keeps one kernel, so a sequence's logits do not depend on how its
+    # prompt was chunked (~2x slower prefill; docs/llamacpp-runner.md#batch-invariance).
+    batch_invariant: bool = False
+    # llama.cpp runner: run a requantised copy of the GGUF (cached on disk): auto = Q8_0
+    # for Q4_1, whose batched kernels scale worse (engine/runners/requantize.py); none =
+    # the file as it is; Q8_0 / F16 = that format.
+    requantize: str = "auto"
     max_model_len: int | None = None  # None = min(model's max positions, 4096)
     max_num_seqs: int = 64  # sequences running in one step
     # Token budget of one step (chunked prefill). 0 = by device: 512 on CPU (a step stays
@@ -25,8 +33,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 0
     # Most tokens one prefill gets in a step (0 = the whole budget): keeps a step short
     # while a long prompt prefills, so new requests are admitted and decoded beside it.
-    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (~0.6 s a
-    # step on 2 cores, no prefill throughput lost: it runs 63-token ubatches anyway), 256
+    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (a 1,024-token
+    # prompt's first token came as soon as with 256 or 512, within noise, on its default
+    # Q8_0 copy in 512-token ubatches; 63-token ubatches with --batch-invariant), 256
     # on the torch runner on CPU (~0.5 s; 128 cost ~25% prefill throughput there, 256
     # ~10%), 0 on CUDA (a 512-token step takes milliseconds).
     long_prefill_token_threshold: int | None = None

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -40,6 +41,22 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Grammar-compile workers spawn once the server has had no request in flight this long
+# (their imports must not share the cores with the first requests), polled this often.
+PRESTART_IDLE_S = 1.0
+PRESTART_POLL_S = 0.25
+
+
+async def wait_until_idle(idle: Callable[[], bool], for_s: float, poll_s: float,
+                          clock: Callable[[], float] = time.monotonic) -> None:
+    """Return once ``idle()`` has held at every poll for ``for_s`` seconds in a row."""
+    since = clock()
+    while True:
+        await asyncio.sleep(poll_s)
+        if not idle():
+            since = clock()
+        elif clock() - since >= for_s:
+            return
 
 
 @dataclass
@@ -145,6 +162,7 @@ class GenServer:
         self._drain_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
         self.compile_thread: threading.Thread | None = None
+        self._prestart_task: asyncio.Task | None = None
 
     def _engine_stats(self):
         """For the metrics scrape (another thread): the engine's ints, once it exists."""
@@ -224,10 +242,25 @@ class GenServer:
         log.info("SERVING")
         if (self._owns_structured and self.servicer.structured is not None
                 and self.config.structured and self.config.structured.prestart_workers):
-            self.servicer.structured.prestart()
+            self._prestart_task = asyncio.create_task(self._prestart_when_idle())
         if compile_now:
             self._compile_in_background()
         return self.port
+
+    async def _prestart_when_idle(self) -> None:
+        """Spawn the grammar-compile workers once no request has been in flight for
+        ``PRESTART_IDLE_S``: their imports (torch, transformers, xgrammar,
+        lm-format-enforcer: seconds of CPU each) took the serving cores while the first
+        requests waited (batch 1 ran ~0.7x steady state for ~20 s on 2 cores). A compile
+        that needs a worker sooner spawns it then."""
+        assert self.engine is not None and self.servicer.structured is not None
+        engine = self.engine
+        await wait_until_idle(lambda: engine.idle and not self.state.draining,
+                              PRESTART_IDLE_S, PRESTART_POLL_S)
+        if not self.state.draining:
+            log.info("no request for %.1fs: starting the grammar-compile workers",
+                     PRESTART_IDLE_S)
+            self.servicer.structured.prestart()
 
     def _compile_in_background(self) -> None:
         """Compiling takes 20-45 s on a small CPU: serve eagerly meanwhile instead of
@@ -312,6 +345,8 @@ class GenServer:
             await self.health_server.stop(grace=0)
         if self._watch_task is not None:
             self._watch_task.cancel()
+        if self._prestart_task is not None:
+            self._prestart_task.cancel()
         if self.engine is not None:
             await self.engine.shutdown()
         if self.servicer.structured is not None:

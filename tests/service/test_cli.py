@@ -102,6 +102,13 @@ def test_runner_and_threads_flags_reach_the_engine_config(monkeypatch):
     assert _served_config(monkeypatch, []).engine.runner == "llamacpp"
 
 
+def test_llama_cpp_speed_flags_default_to_fast_and_reach_the_engine_config(monkeypatch):
+    default = _served_config(monkeypatch, []).engine
+    assert not default.batch_invariant and default.requantize == "auto"
+    config = _served_config(monkeypatch, ["--batch-invariant", "--requantize", "none"]).engine
+    assert config.batch_invariant and config.requantize == "none"
+
+
 def test_serve_shortens_openmp_spin_for_the_llama_cpp_runner(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
