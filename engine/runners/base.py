@@ -108,3 +108,13 @@ class Runner(Protocol):
     def release(self, seq_id: int) -> None:
         """The scheduler freed ``seq_id``'s blocks (finished, aborted or preempted)."""
         ...
+
+    @property
+    def failure(self) -> str | None:
+        """Why the runner can run no more steps (a tensor-parallel worker lost); None while
+        it can. The step loop checks it between steps."""
+        ...
+
+    def close(self) -> None:
+        """Release what outlives the process's objects (tensor-parallel workers)."""
+        ...

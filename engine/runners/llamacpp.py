@@ -178,6 +178,7 @@ class LlamaCppRunner:
     # table: sharing a prompt's cells between sequences (llama_memory_seq_cp) is not wired
     # up, so prefix caching is off on this runner.
     supports_prefix_caching = False
+    failure: str | None = None  # one process: nothing else can fail under it
 
     def __init__(self, config: EngineConfig) -> None:
         llama_cpp = llama_lib()
@@ -272,6 +273,9 @@ class LlamaCppRunner:
                  desc.value.decode(), self.quantization, time.perf_counter() - start,
                  self.threads, cparams.n_ctx, self.num_blocks, config.block_size,
                  self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs)
+
+    def close(self) -> None:
+        """Nothing to stop: the context and model are freed with the runner."""
 
     def __del__(self) -> None:
         llama_cpp = getattr(self, "llama_cpp", None)
