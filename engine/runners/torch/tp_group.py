@@ -106,6 +106,11 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+# Never dead code: a worker's graph computes no logits, so without this the compiler drops
+# its last layer (whose output nothing reads) and with it collectives rank 0 waits in.
+torch.fx.node.has_side_effect(torch.ops.genserve.tp_all_reduce.default)
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum ``x`` over the ranks (a row-parallel layer's partial outputs)."""
     if torch.compiler.is_compiling():

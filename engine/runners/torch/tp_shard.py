@@ -229,7 +229,9 @@ class NoHead(nn.Module):
                                    requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.new_empty((*x.shape[:-1], 0))
+        # A view of ``x``, not a new tensor: the compiled step must still compute the last
+        # layer (and its all-reduces, which rank 0 waits in) for an output nobody reads.
+        return x[..., :0]
 
 
 def drop_head(model: Any) -> None:
