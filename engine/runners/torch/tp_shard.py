@@ -76,7 +76,7 @@ def check_config(config: Any, n: int) -> None:
         raise _refuse(config, n, "; ".join(problems))
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
+def decoder_layers(model: Any) -> nn.ModuleList:
     """The model's ModuleList of decoder layers (as many as ``num_hidden_layers``)."""
     count = model.config.get_text_config().num_hidden_layers
     for mod in model.modules():
@@ -160,7 +160,7 @@ def _row(mod: nn.Linear, rank: int, n: int) -> None:
         mod.weight = nn.Parameter(mod.weight[:, rank * step:(rank + 1) * step].clone(),
                                   requires_grad=False)
         if mod.bias is not None and rank != 0:
-            mod.bias = None
+            mod.register_parameter("bias", None)
     mod.in_features = step
     mod.__dict__["_genserve_tp_row"] = True
 
@@ -171,7 +171,8 @@ def shard_model(model: nn.Module, rank: int, n: int) -> None:
     check_model(model, n)
     heads, kv, head_dim, _ = _shape(model.config)
     for layer in decoder_layers(model):
-        attn, mlp = layer.self_attn, layer.mlp
+        attn: Any = layer.self_attn
+        mlp: Any = layer.mlp
         for name in ATTN_COLUMN:
             if hasattr(attn, name):
                 size = (heads if name == "q_proj" else kv) * head_dim
@@ -223,9 +224,10 @@ class NoHead(nn.Module):
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__()
-        shape = head.weight.shape
-        self.weight = nn.Parameter(torch.empty(1, dtype=head.weight.dtype,
-                                               device=head.weight.device).expand(shape),
+        weight = head.weight
+        assert isinstance(weight, torch.Tensor)
+        self.weight = nn.Parameter(torch.empty(1, dtype=weight.dtype,
+                                               device=weight.device).expand(weight.shape),
                                    requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ node's ranks.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -34,10 +35,8 @@ DEFAULT_MASTER_PORT = 29500
 
 def _die_with_parent() -> None:
     """In the child before exec: SIGKILL when the parent dies (Linux; elsewhere a no-op)."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _free_port() -> int:
