@@ -73,6 +73,9 @@ def launch_leader(config: EngineConfig) -> TPGroup:
     ``genserve worker``), and hand every worker the config."""
     size, nnodes = config.tensor_parallel_size, config.tp_nnodes
     per_node = node_layout(size, nnodes)
+    if torch.distributed.is_initialized():
+        raise RuntimeError("this process already belongs to a tensor-parallel group (one "
+                           "per process): close the other runner first")
     if nnodes == 1:
         addr, port = "127.0.0.1", int(os.environ.get("MASTER_PORT") or _free_port())
     else:
