@@ -58,6 +58,11 @@ def spawn_local(first: Rendezvous, device: str) -> list[subprocess.Popen]:
     return procs
 
 
+def leader_address() -> str:
+    """MASTER_ADDR, else LeaderWorkerSet's LWS_LEADER_ADDRESS (set in every pod of a group)."""
+    return os.environ.get("MASTER_ADDR") or os.environ.get("LWS_LEADER_ADDRESS") or ""
+
+
 def node_layout(size: int, nnodes: int) -> int:
     """Ranks per node; ValueError naming the flags when they do not fit."""
     if size < 1 or nnodes < 1:
@@ -79,10 +84,11 @@ def launch_leader(config: EngineConfig) -> TPGroup:
     if nnodes == 1:
         addr, port = "127.0.0.1", int(os.environ.get("MASTER_PORT") or _free_port())
     else:
-        addr = os.environ.get("MASTER_ADDR", "")
+        addr = leader_address()
         if not addr:
             raise ValueError(f"--tp-nnodes {nnodes} needs MASTER_ADDR (this node's address "
-                             f"the workers reach) and MASTER_PORT in the environment")
+                             f"the workers reach; or LWS_LEADER_ADDRESS) and MASTER_PORT in "
+                             f"the environment")
         port = int(os.environ.get("MASTER_PORT") or DEFAULT_MASTER_PORT)
     rdzv = Rendezvous(addr, port, 0, size, 0, per_node)
     workers = spawn_local(rdzv, config.device)
@@ -130,10 +136,10 @@ def run_node(size: int, nnodes: int, node_rank: int, device: str) -> int:
     if not 0 < node_rank < nnodes:
         raise ValueError(f"--tp-node-rank must be 1..{nnodes - 1} (node 0 runs genserve "
                          f"serve); got {node_rank}")
-    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    addr, port = leader_address(), os.environ.get("MASTER_PORT", "")
     if not addr:
-        raise ValueError("genserve worker needs MASTER_ADDR (the leader's address) and "
-                         "MASTER_PORT in the environment")
+        raise ValueError("genserve worker needs MASTER_ADDR (the leader's address; or "
+                         "LWS_LEADER_ADDRESS) and MASTER_PORT in the environment")
     rdzv = Rendezvous(addr, int(port or DEFAULT_MASTER_PORT), node_rank * per_node, size,
                       0, per_node)
     others = spawn_local(rdzv, device)
