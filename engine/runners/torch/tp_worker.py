@@ -7,20 +7,20 @@ model the same way), builds its shard's runner and then does what each message s
 ``warmup`` (build the compiled decode step in lockstep), ``ping``, ``stop``. Local workers
 are separate processes (``python -m engine.runners.torch.tp_worker``) in their own session,
 so a terminal's Ctrl-C reaches only the server, which stops them; they die with it
-(``PR_SET_PDEATHSIG``) if it is killed. On another node, ``genserve worker`` runs that
+(they watch their parent) if it is killed. On another node, ``genserve worker`` runs that
 node's ranks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import torch
 
@@ -33,10 +33,19 @@ DEVICE_ENV = "GENSERVE_TP_DEVICE"  # the config's --device, for a worker to pick
 DEFAULT_MASTER_PORT = 29500
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent dies (Linux; elsewhere a no-op)."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _exit_with_parent() -> None:
+    """A thread: end this worker when the process that spawned it is gone (reparented).
+    Not PR_SET_PDEATHSIG: that fires when the spawning *thread* ends, and rank 0 loads
+    the model in a thread that ends once the engine is built."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        log.error("tensor-parallel worker: the leader (pid %d) is gone; exiting", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="genserve-tp-parent", daemon=True).start()
 
 
 def _free_port() -> int:
@@ -54,7 +63,7 @@ def spawn_local(first: Rendezvous, device: str) -> list[subprocess.Popen]:
         env = {**os.environ, **rdzv.env(), DEVICE_ENV: device}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "engine.runners.torch.tp_worker"], env=env,
-            start_new_session=True, preexec_fn=_die_with_parent))
+            start_new_session=True))
     return procs
 
 
@@ -157,6 +166,7 @@ def main() -> int:
     logging.basicConfig(level=os.environ.get("GENSERVE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s [tp worker] %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the leader stops us; Ctrl-C is its
+    _exit_with_parent()
     torch.set_grad_enabled(False)
     return serve_worker(Rendezvous.from_env(), os.environ.get(DEVICE_ENV, "auto"))
 
