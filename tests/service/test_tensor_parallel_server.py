@@ -40,13 +40,19 @@ def _start(model_dir: Path, log: Path) -> tuple[subprocess.Popen, grpc.Channel, 
     proc, port = serve(model_dir, log, "--runner", "torch", "--tensor-parallel-size", "2",
                        "--enforce-eager", "--no-structured-output", "--metrics-port", "0")
     ch = grpc.insecure_channel(f"127.0.0.1:{port}")
-    wait_serving(proc, ch, log)
-    reply = pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(
-        prompt="Hello there", stopping=pb.StoppingCriteria(max_new_tokens=4),
-        output=pb.OutputOptions(return_token_ids=True)), timeout=60)
-    assert len(reply.completions[0].token_ids) == 4
-    workers = _children(proc.pid)
-    assert len(workers) == 1, log.read_text()
+    try:
+        wait_serving(proc, ch, log)
+        reply = pb_grpc.GenerationServiceStub(ch).Generate(pb.GenerateRequest(
+            prompt="Hello there", stopping=pb.StoppingCriteria(max_new_tokens=4),
+            output=pb.OutputOptions(return_token_ids=True)), timeout=60)
+        assert len(reply.completions[0].token_ids) == 4
+        workers = _children(proc.pid)
+        assert len(workers) == 1, log.read_text()
+    except BaseException:
+        ch.close()
+        proc.kill()  # its worker follows (it watches its parent)
+        proc.wait()
+        raise
     return proc, ch, workers
 
 
