@@ -419,7 +419,7 @@ def _run_serve(args) -> int:
         return 1
     # Non-zero when a tensor-parallel worker was lost (so an orchestrator restarts it);
     # ends the process here while a compile thread runs.
-    return exit_status(server, server.exit_code)
+    return exit_status(server, server.exit_code if server is not None else 0)
 
 
 def _run_generate(args: argparse.Namespace) -> int:

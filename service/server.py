@@ -401,10 +401,14 @@ def exit_status(server: GenServer | None, code: int) -> int:
     the ports, the engine and the grammar workers, so skipping the interpreter's shutdown
     loses nothing: inductor's compile workers kill themselves once their parent is gone,
     and a compile cut short leaves its cache as a SIGKILL would (entries are written to a
-    temporary file and renamed)."""
-    if server is None or not server.compiling:
+    temporary file and renamed). The same after a lost tensor-parallel worker: the broken
+    group's native threads must not keep a process that has to be restarted alive."""
+    if server is None or not (server.compiling or server.exit_code):
         return code
-    log.info("exiting with the background decode-step compile unfinished (%d)", code)
+    if server.exit_code:  # a lost tensor-parallel group: no native thread may hold us up
+        log.info("exiting with status %d", code)
+    else:
+        log.info("exiting with the background decode-step compile unfinished (%d)", code)
     logging.shutdown()  # flushes every handler
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -3,8 +3,9 @@ same greedy tokens as one process, eagerly, compiled and with speculation on; wh
 be sharded is refused before any worker starts; closing leaves no worker behind.
 
 Each TP=2 engine spawns a worker process (seconds): one llama engine serves the module's
-tests (a process holds one group at a time); test_tensor_parallel_architectures.py runs
-two more architectures.
+llama tests; two more architectures (q/k norms; soft-capping + sliding windows) run first,
+eagerly. The compiled test runs last: a process that compiled the step with one group
+could not connect a second group afterwards (gloo), which a server never needs.
 """
 
 from __future__ import annotations
@@ -55,6 +56,21 @@ def prompt_ids(tokenizer) -> list[list[int]]:
     return [tokenizer(p)["input_ids"] for p in PROMPTS]
 
 
+@pytest.mark.parametrize("name", ["qwen3", "gemma2"])
+def test_greedy_with_tp2_equals_tp1_on_other_architectures(name, tmp_path, tokenizer_dir,
+                                                           prompt_ids):
+    """q/k norms per head (qwen3); attention + final soft-capping with alternating sliding
+    windows (gemma2). Before the llama tests: a process joins one group at a time, and
+    these run first, with their own engines, closed before the shared one starts."""
+    model_dir = build_architecture(name, tmp_path / name, tokenizer_dir)
+    reference = _greedy(LLMEngine(_config(model_dir, 1, enforce_eager=True)), prompt_ids)
+    engine = LLMEngine(_config(model_dir, 2, enforce_eager=True))
+    try:
+        assert _greedy(engine, prompt_ids) == reference
+    finally:
+        engine.runner.close()
+
+
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory, tokenizer_dir) -> Path:
     return build_architecture("llama", tmp_path_factory.mktemp("tp_llama"), tokenizer_dir)
@@ -80,21 +96,6 @@ def test_greedy_with_tp2_equals_tp1_with_speculation(llama_tp2, llama_dir, promp
     # Each rank holds half the KV heads, so the same memory holds twice the blocks.
     one = LLMEngine(_config(llama_dir, 1), speculator=None).runner.num_blocks
     assert llama_tp2.runner.num_blocks == 2 * one
-
-
-def test_compiled_decode_with_tp2_equals_tp1(llama_tp2, llama_dir, prompt_ids):
-    """Rank 0 and the worker compile in lockstep; the compiled graph keeps the all-reduces
-    (a worker's graph, whose logits nobody reads, must not drop its last layer's)."""
-    report = llama_tp2.runner.warmup()
-    assert report.ready == ["1"], report
-    graphs = llama_tp2.runner.decode_graphs
-    calls = []
-    real_run = graphs.run
-    graphs.run = lambda decodes: calls.append(len(decodes)) or real_run(decodes)
-    reference = _greedy(LLMEngine(_config(llama_dir, 1)), prompt_ids[:1])
-    # One sequence, no speculation: every decode step is the one-row compiled graph.
-    assert _greedy(llama_tp2, prompt_ids[:1], speculative=False) == reference
-    assert calls and set(calls) == {1}
 
 
 def test_heads_that_do_not_divide_are_refused_before_any_worker_starts(tmp_path,
@@ -128,3 +129,18 @@ def test_a_self_draft_is_refused_with_tensor_parallelism(llama_tp2):
     spec = SpeculativeConfig(method="draft", draft_model="self:1", num_spec_tokens=2)
     with pytest.raises(ValueError, match="self-draft would run the target's sharded"):
         speculator_for(spec)(llama_tp2.runner)
+
+
+def test_compiled_decode_with_tp2_equals_tp1(llama_tp2, llama_dir, prompt_ids):
+    """Rank 0 and the worker compile in lockstep; the compiled graph keeps the all-reduces
+    (a worker's graph, whose logits nobody reads, must not drop its last layer's)."""
+    report = llama_tp2.runner.warmup()
+    assert report.ready == ["1"], report
+    graphs = llama_tp2.runner.decode_graphs
+    calls = []
+    real_run = graphs.run
+    graphs.run = lambda decodes: calls.append(len(decodes)) or real_run(decodes)
+    reference = _greedy(LLMEngine(_config(llama_dir, 1)), prompt_ids[:1])
+    # One sequence, no speculation: every decode step is the one-row compiled graph.
+    assert _greedy(llama_tp2, prompt_ids[:1], speculative=False) == reference
+    assert calls and set(calls) == {1}
