@@ -90,8 +90,8 @@ def launch_leader(config: EngineConfig) -> TPGroup:
     if torch.distributed.is_initialized():
         raise RuntimeError("this process already belongs to a tensor-parallel group (one "
                            "per process): close the other runner first")
-    if nnodes == 1:
-        addr, port = "127.0.0.1", int(os.environ.get("MASTER_PORT") or _free_port())
+    if nnodes == 1:  # a fresh port: an inherited MASTER_PORT may be an earlier group's
+        addr, port = "127.0.0.1", _free_port()
     else:
         addr = leader_address()
         if not addr:
