@@ -30,6 +30,7 @@ from bench import (
     spec,
     structured,
     structured_coverage,
+    tensor_parallel,
 )
 from bench.measure import (
     RESULTS,
@@ -141,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
         del engine, runner
         gc.collect()
         llamacpp_res = llamacpp.measure(args.model, new, args.quick)
+    gc.collect()
+    tp_res = tensor_parallel.measure(args.model, (1,) if args.quick else (1, 8),
+                                     reps=2 if args.quick else 3)
 
     for r in rows[3:]:
         r.ratios = {"HF static 32": r.tok_s / hf32.tok_s, "HF batch 1": r.tok_s / hf1.tok_s}
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     default_server.report(default_res)
     if llamacpp_res is not None:
         llamacpp.report(llamacpp_res)
+    tensor_parallel.report(tp_res)
     targets = {
         "gRPC batch-1 decode >= 1.5x HF batch 1": g1.tok_s / hf1.tok_s >= 1.5,
         "32 gRPC clients >= 1.5x HF static batch 32": g32.tok_s / hf32.tok_s >= 1.5,
@@ -190,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
            "processor_overlap": overlap, "structured": structured_res,
            "speculative": spec_res, "compiled_decode": compiled_res, "startup": startup,
            "adapters": adapters_res,
+           "tensor_parallel": tp_res,
            "structured_coverage_quick": {k: coverage[k] for k in ("summaries", "targets",
                                                                   "schemas_n", "limit_s")},
            "targets": targets, "torch_threads": torch.get_num_threads(),

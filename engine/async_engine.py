@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine.adapters import AdapterError, AdapterLease, AdapterRegistry, AdapterStatus
-from engine.config import EngineConfig, EngineDeadError, QueueFullError
+from engine.config import EngineConfig, EngineDeadError, QueueFullError, WorkerLostError
 from engine.llm_engine import LLMEngine
 from engine.output_collector import OutputCollector
 from engine.outputs import EngineStats, RequestOutput, Usage
@@ -118,6 +118,13 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        await asyncio.to_thread(self.engine.runner.close)  # tensor-parallel workers stop
+
+    @property
+    def lost_worker(self) -> bool:
+        """The loop died because the runner lost a tensor-parallel worker: nothing can be
+        served again in this process (a server exits non-zero to be restarted)."""
+        return isinstance(self._dead, WorkerLostError)
 
     @property
     def device_type(self) -> str:
@@ -343,7 +350,10 @@ class AsyncEngine:
         assert self._loop is not None
         loop = self._loop
         try:
+            runner = self.engine.runner
             while not self._stopping:
+                if runner.failure is not None:  # noticed between steps (e.g. while idle)
+                    raise WorkerLostError(runner.failure)
                 ready: Ready = []
                 self._drain_inbox(ready)
                 if self.engine.has_work:

@@ -65,6 +65,11 @@ class EngineConfig:
     enforce_eager: bool = False  # True: never compile or capture anything
     decode_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     compile_budget_s: float = 300.0  # start-up time for building graphs; the rest stay eager
+    # Tensor parallelism (torch runner; engine/runners/torch/tp_*.py): the model's attention
+    # heads and MLP sharded over this many processes (this one is rank 0), spread over
+    # ``tp_nnodes`` nodes (the others run ``genserve worker``). KV cache memory is per rank.
+    tensor_parallel_size: int = 1
+    tp_nnodes: int = 1
     # LoRA adapters (engine/adapters.py): PEFT directories under adapter_cache, one per id,
     # loaded on first use; None = no adapters (requests naming one are refused).
     adapter_cache: str | None = None
@@ -102,6 +107,11 @@ class QueueFullError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped; no request can be served."""
+
+
+class WorkerLostError(RuntimeError):
+    """A tensor-parallel worker died or a collective failed: the model cannot run a step
+    any more. The server reports NOT_SERVING and exits non-zero, to be restarted."""
 
 
 class RequestError(ValueError):

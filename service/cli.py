@@ -114,6 +114,12 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "share a step"),
     ("--max-lora-rank", "max_lora_rank", positive_int,
      "highest LoRA rank accepted (with --max-loras it sizes each layer's adapter slots)"),
+    ("--tensor-parallel-size", "tensor_parallel_size", positive_int,
+     "shard the model's attention heads and MLP over this many processes (torch runner; "
+     "gloo on CPU, NCCL on CUDA, one GPU each); this process is rank 0"),
+    ("--tp-nnodes", "tp_nnodes", positive_int,
+     "nodes the tensor-parallel ranks span; the others run 'genserve worker' and meet "
+     "this one at MASTER_ADDR:MASTER_PORT"),
 )
 _LIMIT_FLAGS: Flags = (  # ServiceLimits (and --disable-prompt-logprobs)
     ("--default-max-new-tokens", "default_max_new_tokens", positive_int,
@@ -429,7 +435,9 @@ def _run_serve(args) -> int:
     except Exception:
         logging.getLogger("genserve").exception("the server failed")
         return 1
-    return exit_status(server, 0)  # ends the process here while a compile thread runs
+    # Non-zero when a tensor-parallel worker was lost (so an orchestrator restarts it);
+    # ends the process here while a compile thread runs.
+    return exit_status(server, server.exit_code if server is not None else 0)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -487,11 +495,45 @@ def _run_generate(args: argparse.Namespace) -> int:
             return fail("interrupted", 130)
 
 
+def _worker_parser(sub) -> None:
+    p = sub.add_parser(
+        "worker", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run a non-leader node's tensor-parallel ranks (multi-node serving)",
+        description="Joins the tensor-parallel group of a 'genserve serve --tensor-parallel-"
+                    "size N --tp-nnodes M' on node 0 through torch.distributed's env:// "
+                    "rendezvous (MASTER_ADDR, MASTER_PORT in the environment); the model "
+                    "and every engine setting come from the leader. Exits 0 when the "
+                    "leader stops, non-zero when the group breaks.")
+    env_rank = os.environ.get("GENSERVE_TP_NODE_RANK") or os.environ.get("LWS_WORKER_INDEX")
+    p.add_argument("--tensor-parallel-size", type=positive_int, required=True)
+    p.add_argument("--tp-nnodes", type=positive_int, required=True)
+    p.add_argument("--tp-node-rank", type=positive_int,
+                   default=int(env_rank) if env_rank else None,
+                   required=env_rank is None,
+                   help="this node's index, 1..nnodes-1 (default: GENSERVE_TP_NODE_RANK "
+                        "or LeaderWorkerSet's LWS_WORKER_INDEX)")
+    p.add_argument("--device", default="auto", help="auto|cpu|cuda (one GPU per rank)")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text")
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from engine.runners.torch.tp_worker import run_node
+
+    try:
+        return run_node(args.tensor_parallel_size, args.tp_nnodes, args.tp_node_rank,
+                        args.device)
+    except ValueError as e:
+        print(f"genserve worker: error: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="genserve")
     sub = parser.add_subparsers(dest="command", required=True, action=_LazySubcommands)
     _serve_parser(sub)
     _generate_parser(sub)
+    _worker_parser(sub)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command == "serve":
@@ -505,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(getattr(args, "log_level", "INFO"), getattr(args, "log_format", "text"))
     if args.command == "serve":
         return _run_serve(args)
+    if args.command == "worker":
+        return _run_worker(args)
     return _run_generate(args)
 
 

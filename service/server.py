@@ -158,6 +158,7 @@ class GenServer:
         self.health_port = 0
         self._stopped = asyncio.Event()
         self._forced = False
+        self.exit_code = 0  # 1 once a tensor-parallel worker is lost
         self._owns_structured = False  # built here (not handed in): closed on stop
         self._drain_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
@@ -216,9 +217,12 @@ class GenServer:
                        and not self.config.engine.enforce_eager
                        and self.engine.info.runner == "torch")  # llama.cpp: nothing to build
         if not self.engine.is_running:
-            if compile_now and self.engine.device_type == "cuda":
+            if compile_now and (self.engine.device_type == "cuda"
+                                or self.config.engine.tensor_parallel_size > 1):
                 # CUDA graphs capture in seconds, and a capture must not race the step
-                # loop's kernels on the device: before serving.
+                # loop's kernels on the device; with tensor parallelism the compile's
+                # warm-up forwards take part in the ranks' collectives, which must not
+                # interleave with a step's: before serving.
                 start = time.perf_counter()
                 await in_own_thread(self.engine.compile)
                 log.info("decode step captured in %.1fs", time.perf_counter() - start)
@@ -295,6 +299,10 @@ class GenServer:
         await self.engine.died.wait()
         log.error("engine loop died: health NOT_SERVING; restart the server")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.engine.lost_worker:  # the model is gone: exit non-zero to be restarted
+            log.error("a tensor-parallel worker was lost: shutting down (exit status 1)")
+            self.exit_code = 1
+            self._drain_task = asyncio.ensure_future(self.drain())
 
     async def _build_structured(self) -> None:
         if self.config.structured is None or self.servicer.structured is not None:
@@ -428,10 +436,14 @@ def exit_status(server: GenServer | None, code: int) -> int:
     the ports, the engine and the grammar workers, so skipping the interpreter's shutdown
     loses nothing: inductor's compile workers kill themselves once their parent is gone,
     and a compile cut short leaves its cache as a SIGKILL would (entries are written to a
-    temporary file and renamed)."""
-    if server is None or not server.compiling:
+    temporary file and renamed). The same after a lost tensor-parallel worker: the broken
+    group's native threads must not keep a process that has to be restarted alive."""
+    if server is None or not (server.compiling or server.exit_code):
         return code
-    log.info("exiting with the background decode-step compile unfinished (%d)", code)
+    if server.exit_code:  # a lost tensor-parallel group: no native thread may hold us up
+        log.info("exiting with status %d", code)
+    else:
+        log.info("exiting with the background decode-step compile unfinished (%d)", code)
     logging.shutdown()  # flushes every handler
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -124,4 +124,12 @@ class Runner(Protocol):
         """Make ``slot`` run ``adapter`` (replacing what it held; no row uses the slot
         now). Called off the engine thread, while steps run. ``AdapterError`` when the
         adapter does not fit the model (a target module it lacks, shapes)."""
+    @property
+    def failure(self) -> str | None:
+        """Why the runner can run no more steps (a tensor-parallel worker lost); None while
+        it can. The step loop checks it between steps."""
+        ...
+
+    def close(self) -> None:
+        """Release what outlives the process's objects (tensor-parallel workers)."""
         ...

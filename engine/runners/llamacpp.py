@@ -196,6 +196,7 @@ class LlamaCppRunner:
     supports_prefix_caching = False
     # llama.cpp sets adapters on the context, for every row of a decode: one per step
     supports_mixed_adapters = False
+    failure: str | None = None  # one process: nothing else can fail under it
 
     def __init__(self, config: EngineConfig) -> None:
         llama_cpp = llama_lib()
@@ -303,6 +304,9 @@ class LlamaCppRunner:
                  " (batch invariant)" if config.batch_invariant else "", cparams.n_ctx,
                  self.num_blocks, config.block_size,
                  self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs)
+
+    def close(self) -> None:
+        """Nothing to stop: the context and model are freed with the runner."""
 
     def __del__(self) -> None:
         llama_cpp = getattr(self, "llama_cpp", None)

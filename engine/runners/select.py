@@ -50,6 +50,12 @@ def runner_choice(config: EngineConfig) -> RunnerChoice:
         raise ValueError(f"runner must be one of {', '.join(RUNNERS)}; got {config.runner!r}")
     if config.runner == "torch":
         return RunnerChoice("torch", "--runner torch")
+    if config.tensor_parallel_size > 1:
+        if config.runner == "llamacpp":
+            raise ValueError(f"--tensor-parallel-size {config.tensor_parallel_size} needs "
+                             f"--runner torch: the llama.cpp runner runs on one device")
+        return RunnerChoice("torch", "auto: --tensor-parallel-size shards on the torch "
+                                     "runner only")
     gguf = resolve_model(config.model, config.revision).gguf_file is not None
     cpu = resolve_device(config.device).type == "cpu"
     if config.runner == "auto":
@@ -95,4 +101,32 @@ def create_runner(config: EngineConfig, share_weights: Runner | None = None) -> 
 
     if share_weights is not None and not isinstance(share_weights, ModelRunner):
         raise ValueError("sharing weights needs the torch runner")
+    if share_weights is not None and share_weights.tp is not None:
+        raise ValueError("a tensor-parallel runner's sharded weights cannot be shared")
+    if share_weights is None and config.tensor_parallel_size > 1:
+        if config.adapter_cache:
+            raise ValueError("--adapter-cache with --tensor-parallel-size "
+                             f"{config.tensor_parallel_size}: LoRA adapters are not sharded "
+                             "over tensor-parallel ranks yet; serve adapters on one device")
+        return _tensor_parallel_runner(config)
     return ModelRunner(config, share_weights)
+
+
+def _tensor_parallel_runner(config: EngineConfig) -> ModelRunner:
+    """Rank 0's runner: refuse what cannot be sharded before any worker starts, then
+    launch the workers and load this rank's shard."""
+    from engine.loading.model_loader import load_config
+    from engine.runners.torch import ModelRunner
+    from engine.runners.torch.tp_shard import check_tensor_parallel
+    from engine.runners.torch.tp_worker import launch_leader, node_layout
+
+    node_layout(config.tensor_parallel_size, config.tp_nnodes)
+    source = resolve_model(config.model, config.revision)
+    check_tensor_parallel(load_config(source, config.trust_remote_code),
+                          config.tensor_parallel_size, config.trust_remote_code)
+    group = launch_leader(config)
+    try:
+        return ModelRunner(config, tp=group)
+    except BaseException:
+        group.close(wait_s=2.0)
+        raise

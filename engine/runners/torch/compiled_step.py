@@ -172,9 +172,12 @@ class DecodeGraphs:
 
     # ---- building ------------------------------------------------------------------
 
-    def build(self, buckets: Sequence[int], budget_s: float) -> WarmupReport:
+    def build(self, buckets: Sequence[int], budget_s: float,
+              agree: Callable[[bool], bool] | None = None) -> WarmupReport:
         """Build while the budget lasts; a build that would likely overrun it (judged by
-        the previous one's time) is skipped and its steps run eagerly."""
+        the previous one's time) is skipped and its steps run eagerly. ``agree``: with
+        tensor parallelism, every rank goes by rank 0's decision to build or skip (each
+        build runs forwards whose all-reduces need every rank)."""
         report = WarmupReport()
         if self.lora is not None:
             self.lora.reserve_static(max(buckets, default=1))
@@ -187,7 +190,10 @@ class DecodeGraphs:
             return report
         for label, build in self._plan(buckets):
             left = budget_s - (time.perf_counter() - start)
-            if left <= 0 or last > left:
+            go = not (left <= 0 or last > left)
+            if agree is not None:
+                go = agree(go)
+            if not go:
                 report.graphs.append(BuildReport(label, 0.0, "skipped (budget)"))
                 log.warning("decode graph for %s rows skipped: the %.0fs compile budget is "
                             "spent; those steps run eagerly", label, budget_s)

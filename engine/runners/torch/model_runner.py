@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -37,6 +38,8 @@ from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
 from engine.runners.torch.lora import LoraLayers
 from engine.runners.torch.model_check import check_config, check_probe
 from engine.runners.torch.packed_linear import can_pack, pack_linears
+from engine.runners.torch.tp_group import TPGroup
+from engine.runners.torch.tp_shard import drop_head, shard_model, wrap_row_parallel
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +52,45 @@ class ModelRunner:
     supports_mixed_adapters = True  # per-row LoRA (engine/runners/torch/lora.py)
 
     def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,
-                 num_blocks: int | None = None) -> None:
+                 num_blocks: int | None = None, tp: TPGroup | None = None) -> None:
         """``share_weights``: reuse another runner's loaded model and tokenizer (with a KV
         cache of this config's own size) instead of loading the weights again; anything
         with the same five attributes will do (a self-draft passes a truncated model).
-        ``num_blocks`` sizes the KV cache in blocks instead of ``kv_cache_memory``."""
+        ``num_blocks`` sizes the KV cache in blocks instead of ``kv_cache_memory``.
+        ``tp``: this process's tensor-parallel group; the runner holds its rank's shard
+        (rank 0: ``execute`` sends each step to the workers first)."""
+        self.tp = tp
         if share_weights is None:
             source = resolve_model(config.model, config.revision)
-            self.device = resolve_device(config.device)
+            self.device = tp.device if tp else resolve_device(config.device)
             self.dtype = resolve_dtype(config.dtype, self.device, config_dtype(source))
             self.tokenizer = load_tokenizer(source, config.trust_remote_code,
                                             config.chat_template)
             check_config(load_config(source, config.trust_remote_code))  # before the weights
-            self.model = load_model(source, self.dtype, self.device, ATTN_NAME,
+            # Sharded on the CPU, then moved: a rank's device holds only its shard.
+            self.model = load_model(source, self.dtype,
+                                    torch.device("cpu") if tp else self.device, ATTN_NAME,
                                     config.trust_remote_code)
+            if tp is not None:
+                shard_model(self.model, tp.rank, tp.world_size)
+                if tp.rank:
+                    drop_head(self.model)
+                self.model.to(self.device)
             self.model_id = source.model_id
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)
+            if tp is not None:
+                wrap_row_parallel(self.model)
         else:
             for name in ("device", "dtype", "tokenizer", "model", "model_id"):
                 setattr(self, name, getattr(share_weights, name))
         text_cfg = self.model.config.get_text_config()
         n_heads = text_cfg.num_attention_heads
         n_kv = getattr(text_cfg, "num_key_value_heads", None) or n_heads
+        if tp is not None:
+            n_kv //= tp.world_size  # this rank's heads only
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // n_heads
-        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.quantization = str(self.dtype).removeprefix("torch.")  # weights as they run
         model_max = getattr(text_cfg, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)
         wanted = config.max_model_len or DEFAULT_MAX_MODEL_LEN
@@ -167,25 +184,63 @@ class ModelRunner:
         if self.config.enforce_eager:
             log.info("enforce_eager: decode steps run eagerly (nothing compiled)")
             return WarmupReport()
+        if self.tp is not None and self.device.type == "cuda":
+            # Unverified: NCCL collectives inside captured CUDA graphs; never served wrong.
+            log.warning("tensor parallel on CUDA: decode steps run eagerly (CUDA graphs "
+                        "are not captured with --tensor-parallel-size > 1)")
+            return WarmupReport()
         wanted = cap_buckets(self.config.decode_buckets if buckets is None else buckets,
                              self.config.max_num_seqs * self.max_rows_per_seq)
+        budget = self.config.compile_budget_s if budget_s is None else budget_s
+        if self.tp is None:
+            return self._build_graphs(wanted, budget)
+        with self.tp.leading(("warmup", wanted, budget)):
+            return self._build_graphs(wanted, budget, self.tp.broadcast)
+
+    def follow_warmup(self, wanted: list[int], budget: float) -> WarmupReport:
+        """A worker's half of rank 0's ``warmup``: the same builds, in lockstep (rank 0
+        decides which to skip, and each rank's warm-up forwards meet in the all-reduces)."""
+        assert self.tp is not None
+        tp = self.tp
+        return self._build_graphs(wanted, budget, lambda _go: tp.broadcast())
+
+    def _build_graphs(self, wanted: list[int], budget: float,
+                      agree: Callable[[bool], bool] | None = None) -> WarmupReport:
         graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.scratch_block,
                               -(-self.max_model_len // self.block_size), self.device,
                               self.lora)
-        report = graphs.build(wanted, self.config.compile_budget_s if budget_s is None
-                              else budget_s)
+        report = graphs.build(wanted, budget, agree)
         self.decode_graphs = graphs if graphs.max_rows else None
         return report
 
     # ---- one step ----------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
         """Logits ``[rows, vocab]``: one row per decode row, then ``num_logits`` per sampled
-        prefill, then each prefill's ``prompt_rows``."""
+        prefill, then each prefill's ``prompt_rows``. With tensor parallelism the step goes
+        to the workers first (one broadcast), and every rank runs it on its shard."""
+        if not decodes and not prefills:
+            return torch.empty(0, self.vocab_size, dtype=self.dtype, device=self.device)
+        if self.tp is None:
+            return self.run_step(decodes, prefills)
+        with self.tp.leading(("step", decodes, prefills)):
+            return self.run_step(decodes, prefills)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the tensor-parallel group can run no more steps (None: it can)."""
+        return self.tp.failure if self.tp is not None else None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one device)."""
+        if self.tp is not None:
+            self.tp.close()
+
+    @torch.inference_mode()
+    def run_step(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
+        """This rank's forward of the step (a worker's logits are empty: rank 0 has the
+        head)."""
         if not prefills:
-            if not decodes:
-                return torch.empty(0, self.vocab_size, dtype=self.dtype, device=self.device)
             if self.decode_graphs is not None:
                 logits = self.decode_graphs.run(decodes)
                 if logits is not None:
