@@ -22,7 +22,7 @@ from engine.config import EngineConfig, ModelInfo
 from engine.counter_rng import random_key, stream_key
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import root_hash
-from engine.logits_process import bind
+from engine.logits_process import RequestSpecError, bind
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
 from engine.processors import ProcessorRunner, overlap_pays
 from engine.request_limits import admit, past_time_limit
@@ -197,6 +197,12 @@ class LLMEngine:
         self._touched[seq.request.request_id] = seq.request
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        if isinstance(exc, RequestSpecError):  # the request's fault: no traceback
+            log.warning("request %s seq %d: %s: %s", seq.request.request_id, seq.index,
+                        exc.field, exc)
+            seq.delta().invalid_field = exc.field
+            self._finish(seq, FinishReason.ERROR, str(exc))
+            return
         msg = f"logits processor failed: {type(exc).__name__}: {exc}"
         log.error("request %s seq %d: %s", seq.request.request_id, seq.index, msg,
                   exc_info=exc)

@@ -22,6 +22,10 @@ Two optional capabilities, found once per sequence (``bind``), never on the hot 
   ends at EOS and, if it names a problem, finishes the sequence with ERROR and that
   message, its text kept and marked ``rejected`` (the request itself did not fail). So any
   caller of the engine gets the check, not only the gRPC service.
+
+A processor that raises ends only its own sequence with ERROR. ``RequestSpecError`` says
+the request is at fault (what it asked for cannot be enforced, e.g. a grammar backend met
+one of its limits mid-output): callers answer it as bad input, never as a server failure.
 """
 
 from __future__ import annotations
@@ -31,6 +35,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import torch
+
+
+class RequestSpecError(ValueError):
+    """A processor cannot go on with what the request asked for: a grammar backend reached
+    one of its own limits, or its error state, after the build's checks passed. The
+    request's spec is at fault, not the server: callers answer INVALID_ARGUMENT (a stream
+    that already sent tokens ends with an ERROR finish carrying the message). ``field``
+    names the part of the request at fault relative to its structured-output options
+    ("grammar", "json_schema", ...), so each API can name it its own way."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @runtime_checkable

@@ -84,6 +84,7 @@ class OutputCollector:
                 c.stop_sequence = parts.last.stop_sequence
                 c.error = parts.last.error
                 c.rejected = parts.last.rejected
+                c.invalid_field = parts.last.invalid_field
             out.append(c)
         return out
 

@@ -42,6 +42,10 @@ class CompletionDelta:
     # ERROR because the output failed its processor's finished-output check (the text is
     # whole and the request did not fail), not because the engine or a processor failed
     rejected: bool = False
+    # ERROR because the request's own spec could not be enforced (a processor raised
+    # ``RequestSpecError``): bad input, named by this field (relative to the request's
+    # structured-output options), never a server failure
+    invalid_field: str | None = None
 
     def add(self, delta: CompletionDelta) -> None:
         """Append a later delta of the same sequence."""
@@ -53,6 +57,7 @@ class CompletionDelta:
             self.stop_sequence = delta.stop_sequence
             self.error = delta.error
             self.rejected = delta.rejected
+            self.invalid_field = delta.invalid_field
 
 
 @dataclass

@@ -94,6 +94,16 @@ def status_of(exc: BaseException) -> RequestFailed:
     return RequestFailed(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
+def spec_failure(parsed: ParsedRequest, c: CompletionDelta) -> RequestFailed | None:
+    """INVALID_ARGUMENT for an output the engine ended because the request's own spec could
+    not be enforced (a backend's limit met mid-output), naming the field in this API's
+    terms; None for any other ending."""
+    if c.finish_reason is not FinishReason.ERROR or c.invalid_field is None:
+        return None
+    return RequestFailed(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"{parsed.structured_prefix}{c.invalid_field}: {c.error}")
+
+
 @dataclass
 class Call:
     """One RPC being answered: what its metrics and its finished-request log line need."""
@@ -372,6 +382,9 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
     async def _generate(self, parsed: ParsedRequest, call: Call) -> pb.GenerateResponse:
         collector = await self.complete(parsed, call)
         completions = collector.completions()
+        for c in completions:
+            if (invalid := spec_failure(parsed, c)) is not None:
+                raise invalid
         # an output that failed its structured-output check is an answer, not a failure
         errors = [c.error for c in completions
                   if c.finish_reason is FinishReason.ERROR and not c.rejected]
@@ -452,14 +465,16 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         async with self._call("GenerateStream", context) as call:
             parsed = await self._parse(request.request, call)
             await self._attach_grammar(parsed)
-            error: str | None = None
+            failed: RequestFailed | None = None
             texts = self.texts
             first = True
             async with aclosing(self.stream(parsed, call)) as stream:
                 async for out in stream:
-                    for d in out.deltas:  # the engine's failure: INTERNAL at the end
-                        if d.finish_reason is FinishReason.ERROR and not d.rejected:
-                            error = error or d.error
+                    for d in out.deltas:  # a failure: its status once the ERROR finish is sent
+                        if failed is None and d.finish_reason is FinishReason.ERROR \
+                                and not d.rejected:
+                            failed = spec_failure(parsed, d) or RequestFailed(
+                                grpc.StatusCode.INTERNAL, d.error or "generation failed")
                     msgs = [self._delta_pb(parsed, d, texts) for d in out.deltas]
                     if first and (parsed.seed is not None or out.prompt_logprobs):
                         if not msgs:
@@ -477,8 +492,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                         msgs[-1].usage.CopyFrom(_usage_pb(out.usage))
                     for m in msgs:
                         yield m
-            if error is not None:
-                raise RequestFailed(grpc.StatusCode.INTERNAL, error)
+            if failed is not None:
+                raise failed
 
     @staticmethod
     def _delta_pb(parsed: ParsedRequest, d: CompletionDelta,

@@ -19,8 +19,10 @@ from service.servicer import (
     OFF_LOOP_CHARS,
     Call,
     GenerationServicer,
+    RequestFailed,
     TokenTexts,
     off_loop_if,
+    spec_failure,
 )
 from service.tgis_params import (
     TGIS_STRUCTURED_PREFIX,
@@ -172,6 +174,8 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             async def one(r: TgisRequest, parsed: ParsedRequest) -> tgis.GenerationResponse:
                 collector = await self.native.complete(parsed, call)
                 completion = collector.completions()[0]
+                if (invalid := spec_failure(parsed, completion)) is not None:
+                    raise invalid  # the native code, not TGIS's stop reason ERROR
                 return self._response(r, parsed, completion, options, infos,
                                       collector.prompt_logprobs)
 
@@ -192,6 +196,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             infos = TokenInfos(options, self.native.texts)
             generated = 0
             first = True
+            invalid: RequestFailed | None = None
             async with aclosing(self.native.stream(parsed, call)) as stream:
                 async for out in stream:
                     if first:  # input details, once the prompt (and its logprobs) is done
@@ -201,6 +206,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
                         first = False
                     for d in out.deltas:
                         generated += len(d.token_ids)
+                        invalid = invalid or spec_failure(parsed, d)
                         if not d.token_ids and not d.text and d.finish_reason is None:
                             continue
                         stop, sequence = self._stop(r, d.finish_reason, d.stop_sequence,
@@ -212,6 +218,8 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
                             msg.tokens.extend(infos(d.token_ids,
                                                     d.logprobs or [None] * len(d.token_ids)))
                         yield msg
+            if invalid is not None:  # after the ERROR stop reason: the native code
+                raise invalid
 
     async def Tokenize(self, request, context):
         async with self.native._call("fmaas/Tokenize", context, generation=False):

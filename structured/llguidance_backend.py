@@ -128,7 +128,7 @@ class LLGuidanceGrammar:
         # consume_token, unlike consume_tokens, takes the EOS that follows a stopped parser
         ok = all(self.matcher.consume_token(t) for t in ids)
         if self.matcher.is_error():  # a limit the build's probe did not reach: say which
-            raise RuntimeError(f"llguidance: {first_line(self.matcher.get_error())}")
+            raise RuntimeError(first_line(self.matcher.get_error()))
         return ok
 
     def validate_tokens(self, ids: Sequence[int]) -> int:
@@ -143,7 +143,7 @@ class LLGuidanceGrammar:
         self.matcher.unsafe_compute_mask_ptr(target.data_ptr(),
                                              target.numel() * target.element_size())
         if self.matcher.is_error():
-            raise RuntimeError(f"llguidance: {first_line(self.matcher.get_error())}")
+            raise RuntimeError(first_line(self.matcher.get_error()))
 
     def is_terminated(self) -> bool:
         return self.matcher.is_stopped()

@@ -9,14 +9,18 @@ never reach this code. Matchers are pooled per compiled grammar and reset on rel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 import xgrammar as xgr
 
+from engine.logits_process import RequestSpecError
 from structured.grammar import CompiledGrammar, Grammar, bitmask_words
 from structured.output_check import OutputCheck, schema_checker
 from structured.spec import LM_FORMAT_ENFORCER, StructuredSpec
+
+_T = TypeVar("_T")
 
 
 class GrammarProcessor:
@@ -25,18 +29,39 @@ class GrammarProcessor:
     Speculative decoding calls it on rows whose ``output_ids`` run ahead through proposed
     tokens, and later on the real output, which may have dropped some of them: ``sync``
     rolls the grammar back to the common prefix before accepting what is new.
+
+    Whatever the backend raises (a limit or error state it meets only mid-output, e.g.
+    llguidance's Earley row limit, or a token it allowed and then rejects) is the spec's
+    failure on that backend: ``RequestSpecError`` naming the spec's kind and the backend's
+    reason, so the client gets INVALID_ARGUMENT, never INTERNAL.
     """
 
-    def __init__(self, grammar: Grammar, vocab_size: int) -> None:
+    def __init__(self, grammar: Grammar, vocab_size: int, backend: str = "",
+                 kind: str = "grammar") -> None:
         self.grammar = grammar
         self.vocab_size = vocab_size
+        self.backend = backend
+        self.kind = kind  # the request's field, relative to its structured-output options
         self.history: list[int] = []  # the tokens the grammar has accepted, in order
+
+    def _guarded(self, step: Callable[[], _T]) -> _T:
+        try:
+            return step()
+        except RequestSpecError:
+            raise
+        except Exception as e:
+            raise RequestSpecError(self.kind, f"{self.backend or 'the grammar backend'} could "
+                                   f"not go on after {len(self.history)} output tokens: "
+                                   f"{e}") from e
 
     @property
     def num_accepted(self) -> int:
         return len(self.history)
 
     def sync(self, output_ids: Sequence[int]) -> None:
+        self._guarded(lambda: self._sync(output_ids))
+
+    def _sync(self, output_ids: Sequence[int]) -> None:
         h = self.history
         common = min(len(h), len(output_ids))
         if h[:common] != list(output_ids[:common]):
@@ -52,11 +77,11 @@ class GrammarProcessor:
     def validate_proposals(self, output_ids: Sequence[int], proposals: Sequence[int]) -> int:
         """How many leading proposed tokens the grammar allows after ``output_ids``."""
         self.sync(output_ids)
-        return self.grammar.validate_tokens(proposals)
+        return self._guarded(lambda: self.grammar.validate_tokens(proposals))
 
     def fill(self, bitmask: torch.Tensor, row: int, output_ids: Sequence[int]) -> None:
         self.sync(output_ids)
-        self.grammar.fill_bitmask(bitmask, row)
+        self._guarded(lambda: self.grammar.fill_bitmask(bitmask, row))
 
     def __call__(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
                  logits: torch.Tensor) -> torch.Tensor:
@@ -80,10 +105,12 @@ class GrammarFactory:
     run on each output that ends at EOS (``engine.logits_process.CheckedFactory``)."""
 
     def __init__(self, compiled: CompiledGrammar, vocab_size: int, backend: str,
-                 check_output: OutputCheck | None = None, lenient: bool = False) -> None:
+                 check_output: OutputCheck | None = None, lenient: bool = False,
+                 kind: str = "grammar") -> None:
         self.compiled = compiled
         self.vocab_size = vocab_size
         self.backend = backend
+        self.kind = kind
         self.check_output = check_output
         self.lenient = lenient
         self._pool: list[Grammar] = []
@@ -97,12 +124,13 @@ class GrammarFactory:
         check = None
         if spec.kind == "json_schema" and backend != LM_FORMAT_ENFORCER:
             check = schema_checker(spec, backend, lenient_ignored)
-        return cls(compiled, vocab_size, backend, check, lenient=bool(lenient_ignored))
+        return cls(compiled, vocab_size, backend, check, lenient=bool(lenient_ignored),
+                   kind=spec.kind)
 
     def create(self) -> GrammarProcessor:
         self.created += 1
         grammar = self._pool.pop() if self._pool else self.compiled.new_grammar()
-        return GrammarProcessor(grammar, self.vocab_size)
+        return GrammarProcessor(grammar, self.vocab_size, self.backend, self.kind)
 
     def release(self, proc: GrammarProcessor) -> None:
         self.released += 1

@@ -13,7 +13,10 @@ from the same float32 values).
 Entries are written to a temporary directory in the cache root and renamed into place, so
 a crash never leaves a half entry under an entry's name; an entry that is still found
 broken (a file missing or truncated, an unreadable manifest or config) is logged, removed
-and rebuilt. When the cache cannot be written, callers load the .gguf directly.
+and rebuilt. When the cache cannot be written, callers load the .gguf directly. A GGUF of
+an architecture transformers' GGUF loader does not read (one only llama.cpp runs) has no
+entry: said once at INFO, not warned about, since the llama.cpp runner needs no torch
+weights and the torch runner's own load names the architecture it cannot read.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -40,6 +44,8 @@ _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0  # a temporary directory this old is a crashed conversion's: removed
 
 Converter = Callable[[Path, Path], None]  # (gguf file, empty output directory)
+# transformers' GGUF loader refusing a file's architecture (modeling_gguf_pytorch_utils)
+_UNREAD_ARCHITECTURE = re.compile(r"GGUF model with architecture (\S+) is not supported")
 
 
 def cache_root() -> Path:
@@ -147,6 +153,12 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | Non
     try:
         return _build(gguf, key, entry, convert or convert_gguf)
     except Exception as e:  # the cache is an optimisation: never the reason a start fails
+        unread = _UNREAD_ARCHITECTURE.search(str(e))
+        if unread:
+            log.info("%s: transformers cannot read GGUF architecture %s, so there is no "
+                     "converted copy to cache (the llama.cpp runner needs none)", gguf.name,
+                     unread.group(1).rstrip("."))
+            return None
         log.warning("could not cache the converted weights of %s in %s (%s): loading the "
                     ".gguf directly, which is slower", gguf.name, root, e)
         return None

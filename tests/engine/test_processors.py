@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from engine.logits_process import RequestSpecError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from tests.engine.test_engine import make_engine, run_to_completion
@@ -50,24 +51,26 @@ class RecorderFactory:
 
 
 class RaiseOnNth:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, error: Exception | None = None) -> None:
         self.n = n
         self.calls = 0
+        self.error = error or RuntimeError(f"boom on call {n}")
 
     def __call__(self, prompt_ids, output_ids, logits):
         self.calls += 1
         if self.calls == self.n:
-            raise RuntimeError(f"boom on call {self.n}")
+            raise self.error
         return logits
 
 
 class RaiseFactory:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, error: Exception | None = None) -> None:
         self.n = n
+        self.error = error
         self.released = 0
 
     def create(self):
-        return RaiseOnNth(self.n)
+        return RaiseOnNth(self.n, self.error)
 
     def release(self, proc) -> None:
         self.released += 1
@@ -121,6 +124,7 @@ def test_failing_processor_finishes_only_its_own_sequence(tiny_model_dir, ids):
     res = run_to_completion(engine, {0: reqs})
     assert res["bad"][0].finish_reason is FinishReason.ERROR
     assert "boom on call 3" in res["bad"][0].error
+    assert res["bad"][0].invalid_field is None  # the server's failure, not the request's
     assert len(res["bad"][0].token_ids) == 2
     assert failing.released == 1
     for i in range(1, 8):
@@ -128,6 +132,23 @@ def test_failing_processor_finishes_only_its_own_sequence(tiny_model_dir, ids):
     again = run_to_completion(engine, {0: [("after", ids[1], healthy)]})
     assert again["after"][0].token_ids == expected["h1"][0].token_ids
     assert engine.scheduler.allocator.num_used == 0
+
+
+def test_a_request_spec_error_mid_output_ends_its_sequence_as_the_requests_fault(
+        tiny_model_dir, ids):
+    """A processor that finds mid-output that the request's spec cannot be enforced (a
+    grammar backend's limit): ERROR with its own message and the field at fault, the tokens
+    before it kept, the batch mate untouched."""
+    failing = RaiseFactory(3, RequestSpecError("grammar", "past the row limit (max is 2000)"))
+    engine = make_engine(tiny_model_dir)
+    bad = SamplingParams(max_new_tokens=8, min_new_tokens=8, logits_processors=[failing])
+    healthy = SamplingParams(max_new_tokens=8, min_new_tokens=8)
+    res = run_to_completion(engine, {0: [("bad", ids[0], bad), ("ok", ids[1], healthy)]})
+    c = res["bad"][0]
+    assert c.finish_reason is FinishReason.ERROR and len(c.token_ids) == 2
+    assert (c.invalid_field, c.error) == ("grammar", "past the row limit (max is 2000)")
+    assert res["ok"][0].finish_reason is FinishReason.LENGTH
+    assert failing.released == 1 and engine.scheduler.allocator.num_used == 0
 
 
 def test_a_processor_that_changes_logits_steers_only_its_sequence(tiny_model_dir, ids):

@@ -253,9 +253,18 @@ class DecodeGraphs:
     def _warm_call(self, rows: int, dynamic_max: int = 0) -> None:
         """One padding-only step (every row reads and writes the scratch block)."""
         fn = self._compiled_forward()
-        # One code object serves every graph of every runner: allow an entry for each.
+        # One code object serves every graph of every runner: allow an entry for each, and
+        # keep each entry static but for the row count marked below. Dynamo's defaults
+        # track what changed between compiles *of the code object*: a float that differs
+        # from the previous model's (Granite's attention scale 0.1 after Llama's 0.25)
+        # became a symbolic input, inductor failed on the piece that produced it, and every
+        # later compile in the process failed the same way (specialize_float alone fixes
+        # it; a draft model of other shapes would meet the same with automatic dynamic
+        # shapes). Specialised, a changed float or shape is just another entry.
         with torch._dynamo.config.patch(recompile_limit=1024,
-                                        accumulated_recompile_limit=65536), \
+                                        accumulated_recompile_limit=65536,
+                                        specialize_float=True,
+                                        automatic_dynamic_shapes=False), \
                 torch.inference_mode():  # inputs made the way execute() makes them
             warm = build_decode_inputs([], self.block_size, self.scratch_block,
                                        self.device, pad_to=rows, width=1)

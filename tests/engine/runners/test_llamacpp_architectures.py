@@ -15,6 +15,7 @@ from tiny random HF models (tests/engine/runners/gguf_builder.py):
 from __future__ import annotations
 
 import itertools
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,23 @@ def test_the_gguf_loads_with_a_tokenizer_that_is_llama_cpps(built, engine, token
     assert engine.info.vocab_size == len(tokenizer)
     for text, mine in zip(PROMPTS, ids, strict=True):
         assert runner.tokenize(text) == mine  # type: ignore[attr-defined]
+
+
+def test_the_weights_cache_warns_only_when_a_readable_gguf_could_not_be_cached(
+        built, engine, caplog):
+    """Granite's GGUF is one transformers' loader cannot read: the llama.cpp runner needs
+    no converted torch weights, so the cache says so at INFO, naming the architecture,
+    instead of warning that loading will be slower; a readable one (qwen2) is cached."""
+    model, path = built
+    with caplog.at_level(logging.INFO, logger="engine.loading.weights_cache"):
+        entry = weights_cache.cached_model_dir(path)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    if model.config.model_type == "granite":
+        assert entry is None
+        assert "cannot read GGUF architecture granite" in caplog.text
+        assert "the llama.cpp runner needs none" in caplog.text
+    else:
+        assert entry is not None
 
 
 def test_greedy_alone_matches_llama_cpp_generate(engine, ids, reference):
