@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -25,6 +27,21 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
     """The identity of a full block: its tokens after everything before them."""
     return hashlib.blake2b(parent + np.asarray(token_ids, dtype=np.int64).tobytes(),
                            digest_size=16).digest()
+
+
+class BlockKeeper(Protocol):
+    """A runner whose KV lives outside the scheduler's block table (llama.cpp keeps it in
+    its own cells) keeps a cached block's KV alive from the moment the scheduler caches it
+    until the allocator evicts it, and so can hand it to a later sequence."""
+
+    def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
+        """Keep the KV of ``block_table[index]``, computed by sequence ``seq_id``; False
+        when it cannot (the block then stays private: not findable)."""
+        ...
+
+    def evict(self, block: int) -> None:
+        """The allocator dropped ``block``'s content: its KV may go."""
+        ...
 
 
 @dataclass
@@ -40,9 +57,12 @@ class BlockAllocator:
     use. Freed blocks whose content is known (hashed) wait, least recently used first, to
     be found again or evicted."""
 
-    def __init__(self, num_blocks: int, caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, caching: bool = False,
+                 on_evict: Callable[[int], None] | None = None) -> None:
+        """``on_evict``: told each time a cached block's content is dropped."""
         self.num_blocks = num_blocks
         self.caching = caching
+        self.on_evict = on_evict
         self._free = list(range(num_blocks - 1, -1, -1))  # never used or content dropped
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
@@ -70,6 +90,8 @@ class BlockAllocator:
         while len(taken) < n:
             block, _ = self._evictable.popitem(last=False)
             del self._by_hash[self._hash_of.pop(block)]
+            if self.on_evict is not None:
+                self.on_evict(block)
             taken.append(block)
         for b in taken:
             self._refs[b] = 1
@@ -103,10 +125,18 @@ class BlockAllocator:
         self.stats.hits += len(found) * block_size
         return found
 
-    def cache(self, block: int, h: bytes) -> None:
-        """``block`` now holds the full block identified by ``h``. A block with the same
-        content cached already keeps its place (this one stays private)."""
+    def cache(self, block: int, h: bytes) -> bool:
+        """``block`` now holds the full block identified by ``h``; False when it stays
+        private (a block with the same content is cached already and keeps its place)."""
         if h in self._by_hash or block in self._hash_of:
-            return
+            return False
         self._by_hash[h] = block
         self._hash_of[block] = h
+        return True
+
+    def uncache(self, block: int) -> None:
+        """Forget a held block's content (its runner could not keep its KV): private again,
+        freed as any other when its holders let go."""
+        h = self._hash_of.pop(block, None)
+        if h is not None:
+            del self._by_hash[h]

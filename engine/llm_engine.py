@@ -73,7 +73,8 @@ class LLMEngine:
                                    long_prefill_token_threshold=long_prefill_threshold(
                                        config, self.runner),
                                    max_long_partial_prefills=config.max_long_partial_prefills,
-                                   prefix_caching=caching)
+                                   prefix_caching=caching,
+                                   keeper=self.runner.block_keeper)
         self.info.prefix_caching = caching
         self.sampler = Sampler()
         self.processor_runner = ProcessorRunner(

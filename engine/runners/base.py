@@ -10,6 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
+from engine.kv_cache import BlockKeeper
+
 DEFAULT_MAX_MODEL_LEN = 4096
 
 
@@ -88,6 +90,9 @@ class Runner(Protocol):
     max_rows_per_seq: int
     # Block tables may share blocks between sequences (the scheduler's prefix caching)
     supports_prefix_caching: bool
+    # Keeps cached blocks' KV when it lives outside the block table (llama.cpp); None when
+    # the block table is the KV (torch)
+    block_keeper: BlockKeeper | None
 
     @property
     def row_cost(self) -> float:
