@@ -85,8 +85,9 @@ class BlockAllocator:
         nobody holds are evicted, least recently used first, when the free list is short."""
         if n > len(self._free) + len(self._evictable):
             return None
-        taken = self._free[len(self._free) - n:]
-        del self._free[len(self._free) - n:]
+        cut = max(0, len(self._free) - n)  # (a negative start would slice from the end)
+        taken = self._free[cut:]
+        del self._free[cut:]
         while len(taken) < n:
             block, _ = self._evictable.popitem(last=False)
             del self._by_hash[self._hash_of.pop(block)]
