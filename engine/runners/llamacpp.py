@@ -248,9 +248,12 @@ class LlamaCppRunner:
         cparams.n_ctx = self.num_blocks * config.block_size
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = min(self.n_batch, MAX_UBATCH)
-        # Prefix caching: the sequence ids past the running ones keep cached cells
-        caching = config.enable_prefix_caching and config.max_num_seqs < LLAMA_MAX_SEQ
-        cparams.n_seq_max = LLAMA_MAX_SEQ if caching else config.max_num_seqs
+        # Prefix caching: the sequence ids past the running ones keep cached cells.
+        # llama.cpp reserves an output row per sequence id within min(n_ctx, n_batch)
+        # (it aborts otherwise), so that bounds the ids too.
+        n_seq_max = min(LLAMA_MAX_SEQ, cparams.n_ctx, cparams.n_batch)
+        caching = config.enable_prefix_caching and n_seq_max > config.max_num_seqs
+        cparams.n_seq_max = n_seq_max if caching else config.max_num_seqs
         cparams.kv_unified = True
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.no_perf = True
@@ -268,8 +271,15 @@ class LlamaCppRunner:
         self.supports_prefix_caching = caching
         self._kept = CellKeeper(
             llama_cpp, self.memory, config.block_size,
-            range(config.max_num_seqs, LLAMA_MAX_SEQ), self._slot_of.get) if caching else None
+            range(config.max_num_seqs, n_seq_max), self._slot_of.get) if caching else None
         self.block_keeper: BlockKeeper | None = self._kept
+        if caching:
+            log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "
+                     "sequence ids", n_seq_max - config.max_num_seqs)
+        elif config.enable_prefix_caching:
+            log.info("llama.cpp runner: prefix caching needs a sequence id beyond the %d "
+                     "running ones; this context allows %d (min of 256, n_ctx, n_batch)",
+                     config.max_num_seqs, n_seq_max)
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
         self.tokenizer = self._load_tokenizer(source, path, arch)
