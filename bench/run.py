@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from bench import compiled, processors, spec, structured, structured_coverage
+from bench import compiled, prefix, processors, spec, structured, structured_coverage
 from bench.measure import (
     RESULTS,
     Row,
@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     ap.add_argument("--skip-llamacpp", action="store_true",
                     help="leave out the llama.cpp runner's rows (bench/llamacpp.py)")
+    ap.add_argument("--skip-prefix", action="store_true",
+                    help="leave out the prefix-caching rows (bench/prefix.py)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     new = args.new_tokens
@@ -127,6 +129,12 @@ def main(argv: list[str] | None = None) -> None:
         del engine, runner
         gc.collect()
         llamacpp_res = llamacpp.measure(args.model, new, args.quick)
+    prefix_res = None
+    if not args.skip_prefix:  # caching on vs off, each runner, two servers at a time
+        gc.collect()
+        prefix_res = prefix.measure(args.model, args.quick, (
+            "llamacpp", "torch") if llama_cpp_available() and not args.skip_llamacpp else (
+            "torch",))
 
     for r in rows[3:]:
         r.ratios = {"HF static 32": r.tok_s / hf32.tok_s, "HF batch 1": r.tok_s / hf1.tok_s}
@@ -150,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     compiled.report(compiled_res)
     if llamacpp_res is not None:
         llamacpp.report(llamacpp_res)
+    if prefix_res is not None:
+        prefix.report(prefix_res)
     targets = {
         "gRPC batch-1 decode >= 1.5x HF batch 1": g1.tok_s / hf1.tok_s >= 1.5,
         "32 gRPC clients >= 1.5x HF static batch 32": g32.tok_s / hf32.tok_s >= 1.5,
@@ -163,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
            for name, ok in coverage["targets"].items()},
         **spec.targets(spec_res),
         **(llamacpp.targets(llamacpp_res) if llamacpp_res is not None else {}),
+        **(prefix.targets(prefix_res) if prefix_res is not None else {}),
     }
     print()
     for name, ok in targets.items():
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
            "structured_coverage_quick": {k: coverage[k] for k in ("summaries", "targets",
                                                                   "schemas_n", "limit_s")},
            "targets": targets, "torch_threads": torch.get_num_threads(),
-           "llamacpp": llamacpp_res}
+           "llamacpp": llamacpp_res, "prefix_caching": prefix_res}
     (RESULTS / "serving.json").write_text(json.dumps(out, indent=2))
     plot(rows, RESULTS / "serving.png")
     print(f"\nwrote {RESULTS / 'serving.json'} and serving.png")
