@@ -34,6 +34,11 @@ class BlockKeeper(Protocol):
     its own cells) keeps a cached block's KV alive from the moment the scheduler caches it
     until the allocator evicts it, and so can hand it to a later sequence."""
 
+    # Most cached blocks no sequence holds that it keeps (the least recently used beyond
+    # are evicted): llama.cpp's attention walks every cell up to the highest one in use,
+    # so kept cells cost each step of every sequence.
+    max_idle_blocks: int
+
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
         """Keep the KV of ``block_table[index]``, computed by sequence ``seq_id``; False
         when it cannot (the block then stays private: not findable)."""
@@ -58,11 +63,14 @@ class BlockAllocator:
     be found again or evicted."""
 
     def __init__(self, num_blocks: int, caching: bool = False,
-                 on_evict: Callable[[int], None] | None = None) -> None:
-        """``on_evict``: told each time a cached block's content is dropped."""
+                 on_evict: Callable[[int], None] | None = None,
+                 max_evictable: int | None = None) -> None:
+        """``on_evict``: told each time a cached block's content is dropped;
+        ``max_evictable``: most cached blocks nobody holds (None: all free blocks)."""
         self.num_blocks = num_blocks
         self.caching = caching
         self.on_evict = on_evict
+        self.max_evictable = max_evictable
         self._free = list(range(num_blocks - 1, -1, -1))  # never used or content dropped
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
@@ -89,14 +97,18 @@ class BlockAllocator:
         taken = self._free[cut:]
         del self._free[cut:]
         while len(taken) < n:
-            block, _ = self._evictable.popitem(last=False)
-            del self._by_hash[self._hash_of.pop(block)]
-            if self.on_evict is not None:
-                self.on_evict(block)
-            taken.append(block)
+            taken.append(self._evict())
         for b in taken:
             self._refs[b] = 1
         return taken
+
+    def _evict(self) -> int:
+        """The least recently used cached block nobody holds, its content dropped."""
+        block, _ = self._evictable.popitem(last=False)
+        del self._by_hash[self._hash_of.pop(block)]
+        if self.on_evict is not None:
+            self.on_evict(block)
+        return block
 
     def free(self, blocks: list[int]) -> None:
         """Drop one reference to each block (and empty ``blocks``)."""
@@ -108,6 +120,9 @@ class BlockAllocator:
                 else:
                     self._free.append(b)
         blocks.clear()
+        if self.max_evictable is not None:
+            while len(self._evictable) > self.max_evictable:
+                self._free.append(self._evict())
 
     def lookup(self, hashes: list[bytes], block_size: int, num_tokens: int) -> list[int]:
         """The cached blocks of the longest run of ``hashes`` (the full blocks of a prompt of

@@ -57,8 +57,10 @@ class Scheduler:
                              "max_long_partial_prefills >= 1")
         self.on_free = on_free
         self.keeper = keeper if prefix_caching else None
-        self.allocator = BlockAllocator(num_blocks, caching=prefix_caching,
-                                        on_evict=self.keeper.evict if self.keeper else None)
+        self.allocator = BlockAllocator(
+            num_blocks, caching=prefix_caching,
+            on_evict=self.keeper.evict if self.keeper else None,
+            max_evictable=self.keeper.max_idle_blocks if self.keeper else None)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

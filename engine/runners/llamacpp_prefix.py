@@ -27,14 +27,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# Most cells of cached blocks no sequence holds. llama.cpp's attention (flash attention's
+# CPU kernel, and the mask it builds each ubatch) walks every cell up to the highest one in
+# use, masked or not, so kept cells that would otherwise be free cost every row of every
+# step: with the whole 1 GiB default cache (~46,000 cells) kept, ~270 ns per cell per row
+# (9 heads x 30 layers of a mask test) would add ~12 ms of work to each row where a
+# one-row step takes ~8 ms (an estimate from the kernel, not measured: the machine was
+# too busy). 4,096 cells hold a 1,500-token system prompt and a few long chats.
+MAX_IDLE_CELLS = 4096
+
 
 class CellKeeper:
     """``engine.kv_cache.BlockKeeper`` for the llama.cpp runner."""
 
     def __init__(self, llama_cpp: Any, memory: Any, block_size: int, keepers: range,
-                 slot_of: Callable[[int], int | None]) -> None:
+                 slot_of: Callable[[int], int | None],
+                 max_idle_cells: int = MAX_IDLE_CELLS) -> None:
         """``keepers``: the llama.cpp sequence ids reserved for cached cells (beyond the
         running sequences'); ``slot_of``: the llama.cpp sequence id of an engine sequence."""
+        self.max_idle_blocks = max(1, max_idle_cells // block_size)
         self.lib = llama_cpp
         self.memory = memory
         self.block_size = block_size

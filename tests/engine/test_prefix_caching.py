@@ -80,6 +80,15 @@ def test_allocation_takes_every_free_block_before_evicting_a_cached_one():
     assert alloc.num_cached == 1 and alloc.num_used == 3
 
 
+def test_cached_blocks_nobody_holds_beyond_the_bound_are_evicted_when_freed():
+    evicted: list[int] = []
+    alloc = BlockAllocator(8, caching=True, on_evict=evicted.append, max_evictable=2)
+    blocks = cached_blocks(alloc, hashes(list(range(12))))
+    alloc.free(list(blocks))  # a chain is freed tail first: its tail goes first
+    assert evicted == [blocks[2]] and alloc.num_cached == 2
+    assert alloc.num_used == 0 and alloc.allocate(8) is not None  # all of them takeable
+
+
 def test_a_shared_block_survives_one_sharers_free():
     alloc = BlockAllocator(2, caching=True)
     (b,) = alloc.allocate(1)
@@ -218,6 +227,8 @@ def test_the_flag_turns_caching_off_and_the_torch_runner_needs_no_keeper(tiny_mo
 
 class RecordingKeeper:
     """``BlockKeeper`` that records what the scheduler tells it; refuses some indices."""
+
+    max_idle_blocks = 4
 
     def __init__(self, refuse: set[int]) -> None:
         self.refuse = refuse
