@@ -23,6 +23,7 @@ import json
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -43,15 +44,19 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import resolve_model
 from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
+from engine.runners.requantize import served_gguf
 from engine.runners.torch import stock_transformers
 from engine.sampling_params import SamplingParams
 from specdecode.worker import speculator_for
 
 
 def gguf_path(model: str) -> str:
+    """The GGUF the server's llama.cpp runner runs for ``model`` by default (``--requantize
+    auto``: a cached Q8_0 copy of a Q4_1 file), so llama.cpp itself runs the same weights."""
     source = resolve_model(model)
     assert source.gguf_file, f"{model} is not a .gguf"
-    return f"{source.directory}/{source.gguf_file}"
+    path = Path(source.directory, source.gguf_file).resolve()
+    return str(served_gguf(llama_lib(), path, "auto", default_threads()))
 
 
 def llama_generate(llm, ids_list: list[list[int]], new: int) -> Row:
@@ -152,7 +157,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
     ids1 = [tok(p)["input_ids"] for p in prompts(n_seq)]
     ids32 = [tok(p)["input_ids"] for p in prompts(32)]
     llm = llama_cpp.Llama(path, n_ctx=1024, n_threads=threads, n_threads_batch=threads,
-                          verbose=False)
+                          flash_attn=True, verbose=False)  # as the runner runs it
     batched = BatchedLlama(path, threads, 32, 32 * (max(map(len, ids32)) + new) + 256)
     port = free_port()
     RESULTS.mkdir(parents=True, exist_ok=True)

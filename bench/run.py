@@ -22,7 +22,17 @@ from pathlib import Path
 
 import torch
 
-from bench import compiled, prefix, processors, spec, structured, structured_coverage
+from bench import (
+    adapters,
+    compiled,
+    default_server,
+    prefix,
+    processors,
+    spec,
+    structured,
+    structured_coverage,
+    tensor_parallel,
+)
 from bench.measure import (
     RESULTS,
     Row,
@@ -117,11 +127,17 @@ def main(argv: list[str] | None = None) -> None:
     server.proc.wait(60)
     startup = {"serving_s": server.serving_s, "compiled_s": server.compiled_s,
                "cli_generate_s": cli_s}
+    # LoRA: 32 clients over 4 adapters + base vs base only, and first-use load times
+    adapters_res = adapters.measure(args.model, new, args.quick)
     # JSONSchemaBench coverage, quick variant (30 schemas, every backend and AUTO, ~1-2 min;
     # its own worker processes, run with the server stopped); `make bench-structured` runs
     # the whole sample
     coverage = structured_coverage.run(["--quick", "--out",
                                         str(RESULTS / "structured_coverage_quick.json")])
+    # The default server (default flags, a fresh start: its first minute too) on the rows a
+    # user meets first, against HF and llama.cpp itself (issue 28).
+    gc.collect()
+    default_res = default_server.measure(args.model, new, args.quick)
     llamacpp_res = None
     if llama_cpp_available() and not args.skip_llamacpp:
         from bench import llamacpp
@@ -135,6 +151,9 @@ def main(argv: list[str] | None = None) -> None:
         prefix_res = prefix.measure(args.model, args.quick, (
             "llamacpp", "torch") if llama_cpp_available() and not args.skip_llamacpp else (
             "torch",))
+    gc.collect()
+    tp_res = tensor_parallel.measure(args.model, (1,) if args.quick else (1, 8),
+                                     reps=2 if args.quick else 3)
 
     for r in rows[3:]:
         r.ratios = {"HF static 32": r.tok_s / hf32.tok_s, "HF batch 1": r.tok_s / hf1.tok_s}
@@ -156,10 +175,13 @@ def main(argv: list[str] | None = None) -> None:
     structured.report(structured_res)
     spec.report(spec_res)
     compiled.report(compiled_res)
+    adapters.report(adapters_res)
+    default_server.report(default_res)
     if llamacpp_res is not None:
         llamacpp.report(llamacpp_res)
     if prefix_res is not None:
         prefix.report(prefix_res)
+    tensor_parallel.report(tp_res)
     targets = {
         "gRPC batch-1 decode >= 1.5x HF batch 1": g1.tok_s / hf1.tok_s >= 1.5,
         "32 gRPC clients >= 1.5x HF static batch 32": g32.tok_s / hf32.tok_s >= 1.5,
@@ -172,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
         **{f"{name} (coverage, quick sample of {coverage['schemas_n']})": ok
            for name, ok in coverage["targets"].items()},
         **spec.targets(spec_res),
+        **adapters.targets(adapters_res),
+        **default_server.targets(default_res),
         **(llamacpp.targets(llamacpp_res) if llamacpp_res is not None else {}),
         **(prefix.targets(prefix_res) if prefix_res is not None else {}),
     }
@@ -182,10 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     out = {"when": stamp, "new_tokens": new, "rows": [asdict(r) for r in rows],
            "processor_overlap": overlap, "structured": structured_res,
            "speculative": spec_res, "compiled_decode": compiled_res, "startup": startup,
+           "adapters": adapters_res,
+           "tensor_parallel": tp_res,
            "structured_coverage_quick": {k: coverage[k] for k in ("summaries", "targets",
                                                                   "schemas_n", "limit_s")},
            "targets": targets, "torch_threads": torch.get_num_threads(),
-           "llamacpp": llamacpp_res, "prefix_caching": prefix_res}
+           "llamacpp": llamacpp_res, "default_server": default_res,
+           "prefix_caching": prefix_res}
     (RESULTS / "serving.json").write_text(json.dumps(out, indent=2))
     plot(rows, RESULTS / "serving.png")
     print(f"\nwrote {RESULTS / 'serving.json'} and serving.png")

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bench.measure import Row, pct, prompts
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.server import PRESTART_IDLE_S
 
 
 def _timed_clients(address: str, clients: int,
@@ -109,11 +110,12 @@ class ServerProcess:
 
 
 def start_server_process(model: str, port: int, log_path: Path, runner: str = "torch",
-                         extra: Sequence[str] = ()) -> ServerProcess:
+                         extra: Sequence[str] = (), quiet: bool = True) -> ServerProcess:
     """The real ``genserve serve`` in its own process, as deployed: the bench's client
-    threads must not share the server's GIL. Timed to SERVING; then (torch runner, not
-    ``--enforce-eager``) waits until the decode step compiled in the background (its log
-    line), so every row measures the same step."""
+    threads must not share the server's GIL. Timed to SERVING; then, with ``quiet``, waits
+    until its background work is done, so every row measures the same server: (torch
+    runner, not ``--enforce-eager``) the decode step compiled (its log line), and the
+    grammar-compile workers, which spawn once it has idled ``PRESTART_IDLE_S``, imported."""
     t0 = time.perf_counter()
     log_file = log_path.open("w")
     proc = subprocess.Popen(
@@ -137,7 +139,7 @@ def start_server_process(model: str, port: int, log_path: Path, runner: str = "t
     if server is None:
         proc.kill()
         raise TimeoutError("genserve serve did not become SERVING in 300 s")
-    while (runner == "torch" and "--enforce-eager" not in extra
+    while (quiet and runner == "torch" and "--enforce-eager" not in extra
            and time.monotonic() < deadline):
         text = log_path.read_text()
         if any(s in text for s in ("decode step compiled", "decode steps stay eager",
@@ -145,7 +147,9 @@ def start_server_process(model: str, port: int, log_path: Path, runner: str = "t
             server.compiled_s = time.perf_counter() - t0
             break
         time.sleep(0.5)
-    wait_quiet(proc.pid)
+    if quiet:
+        time.sleep(PRESTART_IDLE_S + 1.0)  # the compile workers spawn, then idle again
+        wait_quiet(proc.pid)
     return server
 
 

@@ -24,7 +24,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from engine.config import EngineConfig, EngineDeadError, QueueFullError
+from engine.adapters import AdapterError, AdapterLease, AdapterRegistry, AdapterStatus
+from engine.config import EngineConfig, EngineDeadError, QueueFullError, WorkerLostError
 from engine.llm_engine import LLMEngine
 from engine.output_collector import OutputCollector
 from engine.outputs import EngineStats, RequestOutput, Usage
@@ -76,8 +77,9 @@ class AsyncEngine:
         self._inbox: deque[tuple[str, Any]] = deque()
         self._wakeup = threading.Event()
         self._waiters: dict[str, Waiter] = {}  # event-loop side, by request id
-        # called on the engine thread after each step with the tokens it computed
-        self.on_step: Callable[[int], None] | None = None
+        # called on the engine thread after each step with the tokens it computed, its
+        # duration in seconds and whether it computed prompt tokens (a prefill)
+        self.on_step: Callable[[int, float, bool], None] | None = None
         self._collectors: dict[str, OutputCollector] = {}  # engine-thread side: unary requests
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -116,6 +118,13 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        await asyncio.to_thread(self.engine.runner.close)  # tensor-parallel workers stop
+
+    @property
+    def lost_worker(self) -> bool:
+        """The loop died because the runner lost a tensor-parallel worker: nothing can be
+        served again in this process (a server exits non-zero to be restarted)."""
+        return isinstance(self._dead, WorkerLostError)
 
     @property
     def device_type(self) -> str:
@@ -125,6 +134,11 @@ class AsyncEngine:
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    @property
+    def idle(self) -> bool:
+        """No request in flight (read on the event loop, where requests register)."""
+        return not self._waiters
 
     # ---- requests -------------------------------------------------------------------
 
@@ -138,6 +152,45 @@ class AsyncEngine:
             full = self._waiting_snapshot + self._pending_adds >= self.config.max_waiting
         if full:
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
+
+    async def lease_adapter(self, adapter_id: str) -> AdapterLease | None:
+        """A lease on the LoRA adapter ``adapter_id`` ('' = the base model: None), loaded
+        on first use in a thread of its own (never on the event loop or the engine thread).
+        ``AdapterError`` (INVALID_ARGUMENT) for a bad or unknown adapter."""
+        if not adapter_id:
+            return None
+        registry = self._adapters(adapter_id)
+        lease = registry.lease_resident(adapter_id)
+        if lease is None:
+            lease = await in_own_thread(registry.acquire, adapter_id)
+        return lease
+
+    def _adapters(self, adapter_id: str) -> AdapterRegistry:
+        if self.engine.adapters is None:
+            raise AdapterError(adapter_id, "adapters are not enabled on this server "
+                               "(--adapter-cache)")
+        return self.engine.adapters
+
+    def check_adapter(self, adapter_id: str) -> None:
+        """``AdapterError`` unless ``adapter_id`` ('' = the base model) could be used:
+        adapters on, a valid id, a directory in the cache (nothing is loaded)."""
+        if adapter_id:
+            self._adapters(adapter_id).check_known(adapter_id)
+
+    async def _admit_with_adapter(self, request_id: str | None, prompt_token_ids: list[int],
+                                  params: SamplingParams, adapter_id: str
+                                  ) -> tuple[str, SamplingParams, AdapterLease | None]:
+        """``_admit``, holding the request's adapter (given back if admission fails)."""
+        if adapter_id:
+            self.check_queue()  # before a load the request could not use
+        lease = await self.lease_adapter(adapter_id)
+        try:
+            request_id, params = self._admit(request_id, prompt_token_ids, params)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        return request_id, params, lease
 
     def _admit(self, request_id: str | None, prompt_token_ids: list[int],
                params: SamplingParams) -> tuple[str, SamplingParams]:
@@ -158,12 +211,15 @@ class AsyncEngine:
         return request_id, admitted
 
     async def generate(self, request_id: str | None, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; the last one has ``finished=True``."""
-        request_id, params = self._admit(request_id, prompt_token_ids, params)
+                       params: SamplingParams,
+                       adapter_id: str = "") -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; the last one has ``finished=True``. ``adapter_id``:
+        the LoRA adapter it runs with ('' = the base model)."""
+        request_id, params, lease = await self._admit_with_adapter(
+            request_id, prompt_token_ids, params, adapter_id)
         queue: asyncio.Queue = asyncio.Queue()
         self._waiters[request_id] = queue
-        self._post(("add", (request_id, list(prompt_token_ids), params, None)))
+        self._post(("add", (request_id, list(prompt_token_ids), params, None, lease)))
         finished = False
         later: RequestOutput | BaseException | None = None
         try:
@@ -191,20 +247,23 @@ class AsyncEngine:
 
     async def complete(self, request_id: str | None, prompt_token_ids: list[int],
                        params: SamplingParams,
-                       collector: OutputCollector | None = None) -> OutputCollector:
+                       collector: OutputCollector | None = None,
+                       adapter_id: str = "") -> OutputCollector:
         """Run a request to its end and return its whole output, waking the caller once.
 
         ``collector``: one made by the caller, who can then read its ``usage`` even when
         the call is cancelled (the engine thread fills it as steps come out).
+        ``adapter_id``: the LoRA adapter it runs with ('' = the base model).
         """
-        request_id, params = self._admit(request_id, prompt_token_ids, params)
+        request_id, params, lease = await self._admit_with_adapter(
+            request_id, prompt_token_ids, params, adapter_id)
         if collector is None:
             collector = OutputCollector(request_id, params.n,
                                         Usage(prompt_tokens=len(prompt_token_ids)))
         assert self._loop is not None
         done: asyncio.Future = self._loop.create_future()
         self._waiters[request_id] = done
-        self._post(("add", (request_id, list(prompt_token_ids), params, collector)))
+        self._post(("add", (request_id, list(prompt_token_ids), params, collector, lease)))
         try:
             return await done
         finally:
@@ -222,6 +281,10 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def adapter_status(self) -> list[AdapterStatus]:
+        """The resident LoRA adapters (none when adapters are off)."""
+        return self.engine.adapters.resident() if self.engine.adapters is not None else []
 
     # ---- the loop thread ------------------------------------------------------------
 
@@ -252,14 +315,18 @@ class AsyncEngine:
                 else:
                     self._collectors.pop(arg, None)
                 continue
-            request_id, prompt, params, collector = arg
+            request_id, prompt, params, collector, lease = arg
+            added = False
             if request_id in self._waiters:  # else cancelled before it reached the engine
                 try:
-                    self.engine.add_admitted(request_id, prompt, params)
+                    self.engine.add_admitted(request_id, prompt, params, lease)
+                    added = True
                     if collector is not None:
                         self._collectors[request_id] = collector
                 except ValueError as e:
                     ready.append((request_id, e))
+            if not added and lease is not None:  # the engine never took it
+                lease.release()
             with self._lock:
                 self._pending_adds -= 1
                 self._waiting_snapshot = self.engine.backlog()
@@ -283,13 +350,18 @@ class AsyncEngine:
         assert self._loop is not None
         loop = self._loop
         try:
+            runner = self.engine.runner
             while not self._stopping:
+                if runner.failure is not None:  # noticed between steps (e.g. while idle)
+                    raise WorkerLostError(runner.failure)
                 ready: Ready = []
                 self._drain_inbox(ready)
                 if self.engine.has_work:
                     self._route(self.engine.step(), ready)
                     if self.on_step is not None and self.engine.last_step_tokens:
-                        self.on_step(self.engine.last_step_tokens)
+                        self.on_step(self.engine.last_step_tokens,
+                                     self.engine.last_step_seconds,
+                                     self.engine.last_step_prefill)
                     with self._lock:
                         self._waiting_snapshot = self.engine.backlog()
                 if ready:

@@ -17,13 +17,25 @@ class EngineConfig:
     # llama_cpp package is importable, torch otherwise.
     runner: str = "auto"  # auto | torch | llamacpp
     threads: int | None = None  # llama.cpp runner's threads; None = the cores we may use
+    # llama.cpp runner: prefill in ubatches of at most 63 tokens, the size below which its
+    # flash attention keeps one kernel, so a sequence's logits do not depend on how its
+    # prompt was chunked (~2x slower prefill; docs/llamacpp-runner.md#batch-invariance).
+    batch_invariant: bool = False
+    # llama.cpp runner: run a requantised copy of the GGUF (cached on disk): auto = Q8_0
+    # for Q4_1, whose batched kernels scale worse (engine/runners/requantize.py); none =
+    # the file as it is; Q8_0 / F16 = that format.
+    requantize: str = "auto"
     max_model_len: int | None = None  # None = min(model's max positions, 4096)
     max_num_seqs: int = 64  # sequences running in one step
-    max_num_batched_tokens: int = 512  # token budget of one step (chunked prefill)
+    # Token budget of one step (chunked prefill). 0 = by device: 512 on CPU (a step stays
+    # under a second on two cores), 2048 on CUDA (a 2k prompt in one step: 0.95x HF's
+    # time to first token on an H200 where 512-token chunks gave 4.2x; bench.cuda_roofline).
+    max_num_batched_tokens: int = 0
     # Most tokens one prefill gets in a step (0 = the whole budget): keeps a step short
     # while a long prompt prefills, so new requests are admitted and decoded beside it.
-    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (~0.6 s a
-    # step on 2 cores, no prefill throughput lost: it runs 63-token ubatches anyway), 256
+    # None = by runner (llm_engine.long_prefill_threshold): 128 on llama.cpp (a 1,024-token
+    # prompt's first token came as soon as with 256 or 512, within noise, on its default
+    # Q8_0 copy in 512-token ubatches; 63-token ubatches with --batch-invariant), 256
     # on the torch runner on CPU (~0.5 s; 128 cost ~25% prefill throughput there, 256
     # ~10%), 0 on CUDA (a 512-token step takes milliseconds).
     long_prefill_token_threshold: int | None = None
@@ -53,6 +65,26 @@ class EngineConfig:
     enforce_eager: bool = False  # True: never compile or capture anything
     decode_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     compile_budget_s: float = 300.0  # start-up time for building graphs; the rest stay eager
+    # Tensor parallelism (torch runner; engine/runners/torch/tp_*.py): the model's attention
+    # heads and MLP sharded over this many processes (this one is rank 0), spread over
+    # ``tp_nnodes`` nodes (the others run ``genserve worker``). KV cache memory is per rank.
+    tensor_parallel_size: int = 1
+    tp_nnodes: int = 1
+    # LoRA adapters (engine/adapters.py): PEFT directories under adapter_cache, one per id,
+    # loaded on first use; None = no adapters (requests naming one are refused).
+    adapter_cache: str | None = None
+    max_loras: int = 4  # adapters resident at once (LRU); their rows may share one step
+    max_lora_rank: int = 16  # highest LoRA rank accepted (sizes the runner's adapter slots)
+
+    def step_token_budget(self) -> int:
+        """``max_num_batched_tokens`` with 0 resolved for the device (torch is imported
+        here, not when the config is built: the CLI sets OpenMP up before torch loads)."""
+        if self.max_num_batched_tokens:
+            return self.max_num_batched_tokens
+        import torch
+
+        cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
+        return 2048 if cuda else 512
 
 
 @dataclass
@@ -66,6 +98,7 @@ class ModelInfo:
     spec_method: str = ""  # "" = speculative decoding off
     spec_k: int = 0
     prefix_caching: bool = False  # the scheduler shares cached prompt blocks
+    max_loras: int = 0  # adapter slots (--max-loras); 0 = adapters off
 
 
 class QueueFullError(RuntimeError):
@@ -74,6 +107,11 @@ class QueueFullError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped; no request can be served."""
+
+
+class WorkerLostError(RuntimeError):
+    """A tensor-parallel worker died or a collective failed: the model cannot run a step
+    any more. The server reports NOT_SERVING and exits non-zero, to be restarted."""
 
 
 class RequestError(ValueError):

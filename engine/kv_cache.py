@@ -20,7 +20,15 @@ from typing import Protocol
 
 import numpy as np
 
-ROOT_HASH = b"genserve-prefix-v1"  # the parent of a sequence's first block
+ROOT_HASH = b"genserve-prefix-v1"  # the parent of a base-model sequence's first block
+
+
+def root_hash(adapter_fingerprint: bytes | None = None) -> bytes:
+    """The parent of a sequence's first block: the KV of a prompt run under a LoRA adapter
+    is that adapter's own, so each adapter's blocks hash apart (from the base's too)."""
+    if adapter_fingerprint is None:
+        return ROOT_HASH
+    return hashlib.blake2b(ROOT_HASH + b"/lora/" + adapter_fingerprint, digest_size=16).digest()
 
 
 def block_hash(parent: bytes, token_ids: list[int]) -> bytes:

@@ -17,9 +17,11 @@ import time
 
 import torch
 
+from engine.adapters import AdapterLease, AdapterRegistry
 from engine.config import EngineConfig, ModelInfo
 from engine.counter_rng import random_key, stream_key
 from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache import root_hash
 from engine.logits_process import bind
 from engine.outputs import EngineStats, FinishReason, RequestOutput, SpecStats, TokenLogprob, Usage
 from engine.processors import ProcessorRunner, overlap_pays
@@ -53,6 +55,9 @@ class LLMEngine:
                  speculator: SpeculatorFactory | None = None) -> None:
         """``share_weights``: reuse another engine's loaded model; ``speculator``: builds
         the speculative decoder from the target's runner (``specdecode.speculator_for``)."""
+        if not config.max_num_batched_tokens:
+            config = dataclasses.replace(config,
+                                         max_num_batched_tokens=config.step_token_budget())
         self.config = config
         self.runner: Runner = create_runner(
             config, share_weights.runner if share_weights else None)
@@ -74,7 +79,9 @@ class LLMEngine:
                                        config, self.runner),
                                    max_long_partial_prefills=config.max_long_partial_prefills,
                                    prefix_caching=caching,
-                                   keeper=self.runner.block_keeper)
+                                   keeper=self.runner.block_keeper,
+                                   mixed_adapters=self.runner.supports_mixed_adapters
+                                   or not config.adapter_cache)
         self.info.prefix_caching = caching
         self.sampler = Sampler()
         self.processor_runner = ProcessorRunner(
@@ -84,8 +91,18 @@ class LLMEngine:
         if self.speculator is not None:
             self.info.spec_method, self.info.spec_k = self.speculator.method, self.speculator.k
             self.runner.max_rows_per_seq = self.speculator.k + 1  # batch expansion's rows
+        # LoRA adapters by id (--adapter-cache); None = adapters off
+        self.adapters = (AdapterRegistry(config.adapter_cache, config.max_loras,
+                                         config.max_lora_rank, self.runner)
+                         if config.adapter_cache else None)
+        self.info.max_loras = config.max_loras if self.adapters is not None else 0
+        if self.adapters is not None and self.runner.max_loras < 1:
+            log.warning("--adapter-cache: the %s runner cannot serve LoRA adapters; requests "
+                        "naming one are refused", self.runner.name)
         self.requests: dict[str, Request] = {}
         self.last_step_tokens = 0  # tokens the last step computed (iteration-tokens metric)
+        self.last_step_seconds = 0.0  # how long it took (TGIS's batch inference duration)
+        self.last_step_prefill = False  # it computed prompt tokens (not decodes only)
         self._seq_ids = itertools.count()
         self._touched: dict[str, Request] = {}  # requests with output to collect
 
@@ -107,19 +124,22 @@ class LLMEngine:
         return self.num_waiting_requests() - free
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams) -> Request:
+                    params: SamplingParams, adapter: AdapterLease | None = None) -> Request:
         """Admit (``admit``) and queue a request."""
         return self.add_admitted(request_id, prompt_token_ids,
-                                 self.admit(prompt_token_ids, params))
+                                 self.admit(prompt_token_ids, params), adapter)
 
     def add_admitted(self, request_id: str, prompt_token_ids: list[int],
-                     params: SamplingParams) -> Request:
+                     params: SamplingParams, adapter: AdapterLease | None = None) -> Request:
         """Queue a request whose ``params`` came from ``admit`` (checked once, on the
-        caller's side, so a bad request never reaches the engine thread)."""
+        caller's side, so a bad request never reaches the engine thread). ``adapter``:
+        its LoRA adapter's lease (``self.adapters.acquire``), released when it finishes;
+        the caller's to release if this raises."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already running")
         req = Request(request_id, list(prompt_token_ids), params,
-                      usage=Usage(prompt_tokens=len(prompt_token_ids)))
+                      usage=Usage(prompt_tokens=len(prompt_token_ids)), adapter=adapter,
+                      cache_root=root_hash(adapter.fingerprint if adapter else None))
         if params.time_limit_s is not None:
             req.deadline = req.arrival_time + params.time_limit_s
         if params.prompt_logprobs is not None:
@@ -193,8 +213,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         for seq in past_time_limit(self.requests.values(), time.monotonic()):
             self._finish(seq, FinishReason.TIME_LIMIT)
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         self.last_step_tokens = sum(s.num_tokens for s in scheduled)
+        self.last_step_prefill = any(s.num_tokens > 1 or not s.samples for s in scheduled)
         if scheduled:
             now = time.monotonic()
             for s in scheduled:
@@ -222,6 +244,7 @@ class LLMEngine:
             for entry in layout.entries:
                 if not entry.seq.is_finished:
                     self.scheduler.cache_blocks(entry.seq)
+        self.last_step_seconds = time.perf_counter() - start
         return self._collect()
 
     def _propose(self, scheduled: list[ScheduledSeq]) -> dict[int, list[int]]:
@@ -325,6 +348,8 @@ class LLMEngine:
             if req.is_finished:
                 self.requests.pop(req.request_id, None)
                 req.times.finished = time.monotonic()
+                if req.adapter is not None:
+                    req.adapter.release()
             out = RequestOutput(req.request_id, req.prompt_token_ids, deltas, req.is_finished,
                                 dataclasses.replace(req.usage))
             if req.prompt_logprobs_ready:

@@ -5,11 +5,16 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from engine.kv_cache import ROOT_HASH
 from engine.logits_process import BoundProcessor
 from engine.outputs import CompletionDelta, FinishReason, RequestTimes, TokenLogprob, Usage
 from engine.sampling_params import SamplingParams
 from engine.stop_checker import OutputState
+
+if TYPE_CHECKING:
+    from engine.adapters import AdapterLease
 
 
 class SeqStatus(enum.Enum):
@@ -85,10 +90,17 @@ class Request:
     # position (a recomputed prefix is not recorded twice); sent once when complete.
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
+    # The LoRA adapter it runs with (None = the base model), held until it finishes
+    adapter: AdapterLease | None = None
+    cache_root: bytes = ROOT_HASH  # parent hash of its first KV block (kv_cache.root_hash)
     times: RequestTimes = field(init=False)
 
     def __post_init__(self) -> None:
         self.times = RequestTimes(self.arrival_time)
+
+    @property
+    def adapter_slot(self) -> int:
+        return self.adapter.slot if self.adapter is not None else 0
 
     @property
     def prompt_logprobs_ready(self) -> bool:

@@ -73,16 +73,21 @@ class StepLayout:
             if entry.proposals:
                 assert speculator is not None
                 d, p = speculator.score_work(seq, entry.proposals)
+                for drow in d:  # the target's verify rows run the request's adapter
+                    drow.adapter_slot = seq.request.adapter_slot
+                for work in p:
+                    work.adapter_slot = seq.request.adapter_slot
                 decodes.extend(d)
                 prefills.extend(p)
                 (decoded if d else prefilled).append((entry, len(entry.proposals) + 1))
             elif s.samples and s.num_tokens == 1:
                 decodes.append(DecodeRow(seq.token_at(start), start, seq.block_table,
-                                         seq.seq_id))
+                                         seq.seq_id, seq.request.adapter_slot))
                 decoded.append((entry, 1))
             else:
                 work = PrefillWork(seq.tokens(start, start + s.num_tokens), start,
-                                   seq.block_table, s.samples, seq_id=seq.seq_id)
+                                   seq.block_table, s.samples, seq_id=seq.seq_id,
+                                   adapter_slot=seq.request.adapter_slot)
                 positions = _prompt_positions(seq, start, start + s.num_tokens)
                 if positions:
                     work.prompt_rows = range(positions.start - start, positions.stop - start)

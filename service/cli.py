@@ -61,7 +61,8 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "context length (default: min(model's, 4096))"),
     ("--max-num-seqs", "max_num_seqs", positive_int, "sequences running in one step"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", positive_int,
-     "token budget of one step (longer prompts are prefilled in chunks)"),
+     "token budget of one step (longer prompts are prefilled in chunks; default: 512 on "
+     "CPU, 2048 on CUDA)"),
     ("--long-prefill-token-threshold", "long_prefill_token_threshold", non_negative_int,
      "most tokens one prompt's prefill gets in a step, so short requests are admitted and "
      "decoded while a long prompt prefills (0 = the whole step budget; default: 128 on "
@@ -91,11 +92,34 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "installed, else torch"),
     ("--threads", "threads", positive_int,
      "llama.cpp runner's threads (default: the cores this process may use)"),
+    ("--batch-invariant", "batch_invariant", bool,
+     "llama.cpp runner: prefill in 63-token ubatches so a sequence's logits do not depend "
+     "on how its prompt was chunked, at about half the prefill speed (off: 512-token "
+     "ubatches)"),
+    ("--requantize", "requantize", ("auto", "none", "Q8_0", "F16"),
+     "llama.cpp runner: run a copy of the GGUF requantised once (cached beside the "
+     "converted weights): auto = Q8_0 for a Q4_1 file (about 2x faster prefill and "
+     "batches, same batch-1 speed, slightly different numerics); none = the file as is"),
     ("--enforce-eager", "enforce_eager", bool,
      "run every step eagerly: no compiled decode step (torch.compile on CPU, built in the "
      "background while serving; CUDA graphs on CUDA, captured before SERVING)"),
     ("--max-waiting", "max_waiting", positive_int,
      "waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED"),
+    ("--adapter-cache", "adapter_cache", str,
+     "directory of LoRA adapters in the PEFT format, one sub-directory per adapter id "
+     "(adapter_config.json + adapter_model.safetensors), loaded on a request's first use of "
+     "its adapter_id; default: adapters off (torch runner)"),
+    ("--max-loras", "max_loras", positive_int,
+     "LoRA adapters resident at once (least recently used evicted); rows of all of them "
+     "share a step"),
+    ("--max-lora-rank", "max_lora_rank", positive_int,
+     "highest LoRA rank accepted (with --max-loras it sizes each layer's adapter slots)"),
+    ("--tensor-parallel-size", "tensor_parallel_size", positive_int,
+     "shard the model's attention heads and MLP over this many processes (torch runner; "
+     "gloo on CPU, NCCL on CUDA, one GPU each); this process is rank 0"),
+    ("--tp-nnodes", "tp_nnodes", positive_int,
+     "nodes the tensor-parallel ranks span; the others run 'genserve worker' and meet "
+     "this one at MASTER_ADDR:MASTER_PORT"),
 )
 _LIMIT_FLAGS: Flags = (  # ServiceLimits (and --disable-prompt-logprobs)
     ("--default-max-new-tokens", "default_max_new_tokens", positive_int,
@@ -411,7 +435,9 @@ def _run_serve(args) -> int:
     except Exception:
         logging.getLogger("genserve").exception("the server failed")
         return 1
-    return exit_status(server, 0)  # ends the process here while a compile thread runs
+    # Non-zero when a tensor-parallel worker was lost (so an orchestrator restarts it);
+    # ends the process here while a compile thread runs.
+    return exit_status(server, server.exit_code if server is not None else 0)
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -469,11 +495,45 @@ def _run_generate(args: argparse.Namespace) -> int:
             return fail("interrupted", 130)
 
 
+def _worker_parser(sub) -> None:
+    p = sub.add_parser(
+        "worker", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run a non-leader node's tensor-parallel ranks (multi-node serving)",
+        description="Joins the tensor-parallel group of a 'genserve serve --tensor-parallel-"
+                    "size N --tp-nnodes M' on node 0 through torch.distributed's env:// "
+                    "rendezvous (MASTER_ADDR, MASTER_PORT in the environment); the model "
+                    "and every engine setting come from the leader. Exits 0 when the "
+                    "leader stops, non-zero when the group breaks.")
+    env_rank = os.environ.get("GENSERVE_TP_NODE_RANK") or os.environ.get("LWS_WORKER_INDEX")
+    p.add_argument("--tensor-parallel-size", type=positive_int, required=True)
+    p.add_argument("--tp-nnodes", type=positive_int, required=True)
+    p.add_argument("--tp-node-rank", type=positive_int,
+                   default=int(env_rank) if env_rank else None,
+                   required=env_rank is None,
+                   help="this node's index, 1..nnodes-1 (default: GENSERVE_TP_NODE_RANK "
+                        "or LeaderWorkerSet's LWS_WORKER_INDEX)")
+    p.add_argument("--device", default="auto", help="auto|cpu|cuda (one GPU per rank)")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text")
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from engine.runners.torch.tp_worker import run_node
+
+    try:
+        return run_node(args.tensor_parallel_size, args.tp_nnodes, args.tp_node_rank,
+                        args.device)
+    except ValueError as e:
+        print(f"genserve worker: error: {e}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="genserve")
     sub = parser.add_subparsers(dest="command", required=True, action=_LazySubcommands)
     _serve_parser(sub)
     _generate_parser(sub)
+    _worker_parser(sub)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     if args.command == "serve":
@@ -487,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(getattr(args, "log_level", "INFO"), getattr(args, "log_format", "text"))
     if args.command == "serve":
         return _run_serve(args)
+    if args.command == "worker":
+        return _run_worker(args)
     return _run_generate(args)
 
 

@@ -303,6 +303,13 @@ class Metrics:
              "tokens, seconds", TGIS_DURATION_BUCKETS)]
         self.tgi = {name: Histogram(name, f"TGIS: {doc}", buckets=buckets, registry=r)
                     for name, doc, buckets in hist}
+        self.tgi_batch_inference_duration = Histogram(
+            "tgi_batch_inference_duration", "TGIS: duration of one engine step (one forward "
+            "over the running batch), seconds, by method: prefill (the step computed prompt "
+            "tokens) or next_token (decodes only)", ["method"], buckets=TGIS_DURATION_BUCKETS,
+            registry=r)
+        for method in ("prefill", "next_token"):
+            self.tgi_batch_inference_duration.labels(method)
         for kind in ("single", "batch", "stream"):
             self.tgi_request_count.labels(kind)
         r.register(BareCounters([self.tgi_request_count, self.tgi_request_input_count,
@@ -325,9 +332,11 @@ class Metrics:
                              in_flight: Callable[[], int]) -> None:
         self.registry.register(EngineCollector(stats, in_flight, lambda: self.model_name))
 
-    def on_step(self, tokens: int) -> None:
+    def on_step(self, tokens: int, seconds: float, prefill: bool) -> None:
         """AsyncEngine.on_step: called on the engine thread after every step."""
         self.iteration_tokens.labels(self.model_name).observe(tokens)
+        self.tgi_batch_inference_duration.labels(
+            "prefill" if prefill else "next_token").observe(seconds)
 
     def observe_request(self, times: RequestTimes | None, usage: Usage,
                         finish_reasons: list[FinishReason],

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -40,6 +41,22 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GenerationService"].full_name
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Grammar-compile workers spawn once the server has had no request in flight this long
+# (their imports must not share the cores with the first requests), polled this often.
+PRESTART_IDLE_S = 1.0
+PRESTART_POLL_S = 0.25
+
+
+async def wait_until_idle(idle: Callable[[], bool], for_s: float, poll_s: float,
+                          clock: Callable[[], float] = time.monotonic) -> None:
+    """Return once ``idle()`` has held at every poll for ``for_s`` seconds in a row."""
+    since = clock()
+    while True:
+        await asyncio.sleep(poll_s)
+        if not idle():
+            since = clock()
+        elif clock() - since >= for_s:
+            return
 
 
 @dataclass
@@ -141,10 +158,12 @@ class GenServer:
         self.health_port = 0
         self._stopped = asyncio.Event()
         self._forced = False
+        self.exit_code = 0  # 1 once a tensor-parallel worker is lost
         self._owns_structured = False  # built here (not handed in): closed on stop
         self._drain_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
         self.compile_thread: threading.Thread | None = None
+        self._prestart_task: asyncio.Task | None = None
 
     def _engine_stats(self):
         """For the metrics scrape (another thread): the engine's ints, once it exists."""
@@ -198,9 +217,12 @@ class GenServer:
                        and not self.config.engine.enforce_eager
                        and self.engine.info.runner == "torch")  # llama.cpp: nothing to build
         if not self.engine.is_running:
-            if compile_now and self.engine.device_type == "cuda":
+            if compile_now and (self.engine.device_type == "cuda"
+                                or self.config.engine.tensor_parallel_size > 1):
                 # CUDA graphs capture in seconds, and a capture must not race the step
-                # loop's kernels on the device: before serving.
+                # loop's kernels on the device; with tensor parallelism the compile's
+                # warm-up forwards take part in the ranks' collectives, which must not
+                # interleave with a step's: before serving.
                 start = time.perf_counter()
                 await in_own_thread(self.engine.compile)
                 log.info("decode step captured in %.1fs", time.perf_counter() - start)
@@ -224,10 +246,25 @@ class GenServer:
         log.info("SERVING")
         if (self._owns_structured and self.servicer.structured is not None
                 and self.config.structured and self.config.structured.prestart_workers):
-            self.servicer.structured.prestart()
+            self._prestart_task = asyncio.create_task(self._prestart_when_idle())
         if compile_now:
             self._compile_in_background()
         return self.port
+
+    async def _prestart_when_idle(self) -> None:
+        """Spawn the grammar-compile workers once no request has been in flight for
+        ``PRESTART_IDLE_S``: their imports (torch, transformers, xgrammar,
+        lm-format-enforcer: seconds of CPU each) took the serving cores while the first
+        requests waited (batch 1 ran ~0.7x steady state for ~20 s on 2 cores). A compile
+        that needs a worker sooner spawns it then."""
+        assert self.engine is not None and self.servicer.structured is not None
+        engine = self.engine
+        await wait_until_idle(lambda: engine.idle and not self.state.draining,
+                              PRESTART_IDLE_S, PRESTART_POLL_S)
+        if not self.state.draining:
+            log.info("no request for %.1fs: starting the grammar-compile workers",
+                     PRESTART_IDLE_S)
+            self.servicer.structured.prestart()
 
     def _compile_in_background(self) -> None:
         """Compiling takes 20-45 s on a small CPU: serve eagerly meanwhile instead of
@@ -262,6 +299,10 @@ class GenServer:
         await self.engine.died.wait()
         log.error("engine loop died: health NOT_SERVING; restart the server")
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.engine.lost_worker:  # the model is gone: exit non-zero to be restarted
+            log.error("a tensor-parallel worker was lost: shutting down (exit status 1)")
+            self.exit_code = 1
+            self._drain_task = asyncio.ensure_future(self.drain())
 
     async def _build_structured(self) -> None:
         if self.config.structured is None or self.servicer.structured is not None:
@@ -312,6 +353,8 @@ class GenServer:
             await self.health_server.stop(grace=0)
         if self._watch_task is not None:
             self._watch_task.cancel()
+        if self._prestart_task is not None:
+            self._prestart_task.cancel()
         if self.engine is not None:
             await self.engine.shutdown()
         if self.servicer.structured is not None:
@@ -393,10 +436,14 @@ def exit_status(server: GenServer | None, code: int) -> int:
     the ports, the engine and the grammar workers, so skipping the interpreter's shutdown
     loses nothing: inductor's compile workers kill themselves once their parent is gone,
     and a compile cut short leaves its cache as a SIGKILL would (entries are written to a
-    temporary file and renamed)."""
-    if server is None or not server.compiling:
+    temporary file and renamed). The same after a lost tensor-parallel worker: the broken
+    group's native threads must not keep a process that has to be restarted alive."""
+    if server is None or not (server.compiling or server.exit_code):
         return code
-    log.info("exiting with the background decode-step compile unfinished (%d)", code)
+    if server.exit_code:  # a lost tensor-parallel group: no native thread may hold us up
+        log.info("exiting with status %d", code)
+    else:
+        log.info("exiting with the background decode-step compile unfinished (%d)", code)
     logging.shutdown()  # flushes every handler
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

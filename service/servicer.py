@@ -74,7 +74,8 @@ class RequestFailed(Exception):
 
 # The request field an engine limit is about (``RequestError.limit``).
 _ENGINE_LIMIT_FIELDS = {"prompt": "input", "vocabulary": "prompt_token_ids.ids",
-                        "context": "input", "kv_cache": "stopping.max_new_tokens"}
+                        "context": "input", "kv_cache": "stopping.max_new_tokens",
+                        "adapter": "adapter_id"}
 
 
 def status_of(exc: BaseException) -> RequestFailed:
@@ -242,6 +243,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         parsed = await off_loop_if(input_chars(req) > OFF_LOOP_CHARS, parse_request, req,
                                    self._live.tokenizer, self._live.info, self.limits,
                                    self.registry, call.correlation_id)
+        self._live.check_adapter(parsed.adapter_id)  # before compiling a grammar for it
         self.started(parsed.request_id, call)
         return parsed
 
@@ -341,7 +343,8 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         collector = OutputCollector(key, parsed.params.n,
                                     Usage(prompt_tokens=len(parsed.prompt_token_ids)))
         try:
-            await self._live.complete(key, parsed.prompt_token_ids, parsed.params, collector)
+            await self._live.complete(key, parsed.prompt_token_ids, parsed.params, collector,
+                                      adapter_id=parsed.adapter_id)
         finally:  # cancelled too: count the tokens made before the abort
             call.usage[key] = collector.usage
         clock = TokenClock(self.metrics, call.arrival)
@@ -395,7 +398,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         call.usage[key] = Usage(prompt_tokens=len(parsed.prompt_token_ids))
         clock = TokenClock(self.metrics, call.arrival)
         engine_stream = cast(AsyncGenerator[RequestOutput, None], self._live.generate(
-            key, parsed.prompt_token_ids, parsed.params))
+            key, parsed.prompt_token_ids, parsed.params, adapter_id=parsed.adapter_id))
         reasons: list[FinishReason] = []
         async with aclosing(engine_stream) as stream:
             async for out in stream:
@@ -530,7 +533,12 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
                 max_new_tokens=self.limits.max_new_tokens,
                 prefix_cache=pb.PrefixCacheInfo(
                     enabled=info.prefix_caching, queries=stats.prefix_cache_queries,
-                    hits=stats.prefix_cache_hits, cached_blocks=stats.prefix_cache_blocks))
+                    hits=stats.prefix_cache_hits, cached_blocks=stats.prefix_cache_blocks),
+                adapters=[pb.LoadedAdapter(
+                    adapter_id=a.adapter_id, rank=a.rank, target_modules=a.target_modules,
+                    load_seconds=a.load_seconds, active_requests=a.active_requests)
+                    for a in self._live.adapter_status()],
+                max_loras=info.max_loras)
 
 
 def _cancelled_code(context) -> grpc.StatusCode:

@@ -70,11 +70,12 @@ class LengthPenalty:
 
 
 def check_adapters(request) -> None:
-    """LoRA adapters and prompt tuning (``adapter_id``/``prefix_id``) do not exist here."""
-    for name in ("adapter_id", "prefix_id"):
-        if request.HasField(name) and getattr(request, name):
-            raise InvalidArgument(f"{name}: adapters are not supported by this server "
-                                  f"(got {getattr(request, name)!r})")
+    """Prompt tuning (the deprecated ``prefix_id``) does not exist here; LoRA adapters
+    (``adapter_id``) are the engine's to load and check."""
+    if request.HasField("prefix_id") and request.prefix_id:
+        raise InvalidArgument(f"prefix_id: prompt-tuning prefixes are not supported by this "
+                              f"server (got {request.prefix_id!r}); LoRA adapters go in "
+                              f"adapter_id")
 
 
 def validate_params(p: tgis.Parameters, limits: ServiceLimits) -> None:

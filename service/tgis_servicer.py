@@ -86,14 +86,15 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
 
     # ---- helpers --------------------------------------------------------------------
 
-    async def _requests(self, params: tgis.Parameters, texts: list[str], call: Call
-                        ) -> list[tuple[TgisRequest, ParsedRequest]]:
+    async def _requests(self, params: tgis.Parameters, texts: list[str], call: Call,
+                        adapter_id: str = "") -> list[tuple[TgisRequest, ParsedRequest]]:
         """Every prompt checked before any runs: one bad prompt fails the call, as in TGIS;
         a full queue refuses the call first (``GenerationServicer._parse``)."""
         engine = self.native._live
         engine.check_queue()
         limits = self.native.limits
         validate_params(params, limits)
+        engine.check_adapter(adapter_id)
         out = []
         for i, text in enumerate(texts):
             try:
@@ -108,7 +109,8 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
             self.native.started(rid, call)
             out.append((r, ParsedRequest(rid, engine_id, r.prompt_token_ids, r.params,
                                          pb.OutputOptions(), r.structured,
-                                         structured_prefix=TGIS_STRUCTURED_PREFIX)))
+                                         structured_prefix=TGIS_STRUCTURED_PREFIX,
+                                         adapter_id=adapter_id)))
         return out
 
     def _input_details(self, r: TgisRequest, parsed: ParsedRequest,
@@ -163,7 +165,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
                 raise InvalidArgument(f"requests has {len(request.requests)} items; the limit "
                                       f"is {limit}")
             work = await self._requests(request.params, [q.text for q in request.requests],
-                                        call)
+                                        call, request.adapter_id)
             options = request.params.response
             infos = TokenInfos(options, self.native.texts)
 
@@ -183,7 +185,8 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
     async def GenerateStream(self, request, context):
         async with self.native._call("fmaas/GenerateStream", context) as call:
             check_adapters(request)
-            ((r, parsed),) = await self._requests(request.params, [request.request.text], call)
+            ((r, parsed),) = await self._requests(request.params, [request.request.text], call,
+                                                  request.adapter_id)
             await self.native._attach_grammar(parsed)
             options = request.params.response
             infos = TokenInfos(options, self.native.texts)
@@ -213,6 +216,7 @@ class FmaasServicer(tgis_grpc.GenerationServiceServicer):
     async def Tokenize(self, request, context):
         async with self.native._call("fmaas/Tokenize", context, generation=False):
             check_adapters(request)
+            self.native._live.check_adapter(request.adapter_id)  # adapters share the tokenizer
             tokenizer = self.native._live.tokenizer
             texts = self.native.texts
             responses = []

@@ -86,6 +86,7 @@ class ParsedRequest:
     structured: StructuredSpec | None = None
     structured_prefix: str = "structured_output."  # how the API names its fields in errors
     grammar: GrammarFactory | None = None  # set once the structured spec is compiled
+    adapter_id: str = ""  # the LoRA adapter to run with ('' = the base model)
 
     @property
     def seed(self) -> int | None:
@@ -335,4 +336,5 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
     except ParamError as e:
         raise InvalidArgument(f"{_SECTION.get(e.param, 'sampling')}.{e}") from None
     request_id, engine_request_id = new_request_id(req.request_id or correlation_id)
-    return ParsedRequest(request_id, engine_request_id, ids, params, out, structured)
+    return ParsedRequest(request_id, engine_request_id, ids, params, out, structured,
+                         adapter_id=req.adapter_id)

@@ -95,6 +95,11 @@ def _draft_runner(target: Runner, spec: SpeculativeConfig) -> ModelRunner:
             raise ValueError(f"--spec-draft-model {name}: a self-draft runs the target's own "
                              f"torch layers; the {target.name} runner has none (use --runner "
                              f"torch, --spec-method ngram, or a separate draft model)")
+        if target.tp is not None:
+            raise ValueError(f"--spec-draft-model {name}: a self-draft would run the "
+                             f"target's sharded layers on rank 0 alone; with "
+                             f"--tensor-parallel-size use --spec-method ngram or a separate "
+                             f"draft model (it runs unsharded on rank 0)")
         shared = SimpleNamespace(device=target.device, dtype=target.dtype,
                                  tokenizer=target.tokenizer, model_id=f"{target.model_id}[:{n}]",
                                  model=truncated_model(target.model, n))

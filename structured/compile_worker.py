@@ -10,13 +10,14 @@ directory, and keep their backends (xgrammar's compile cache among them) between
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -44,12 +45,24 @@ class WorkerSetup:
     max_whitespace: int
     xgrammar_cache_bytes: int = 512 * 1024 * 1024
     nice: int = 5  # compiles yield the CPU to the engine's step
+    # Priority of the imports and backend tables (seconds of CPU); None = ``nice``. After
+    # them the worker returns to ``nice`` where it may (raising priority needs
+    # CAP_SYS_NICE; without it the worker stays at this one).
+    import_nice: int | None = None
+
+
+# Workers spawned in the background (``CompileWorkers.prestart``, a server once idle)
+# import at the lowest priority: a server's requests must not wait on them. On a CPU other
+# work saturates, a request that then needs such a worker waits for its import.
+BACKGROUND_IMPORT_NICE = 19
 
 
 def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
     """The worker's loop: one (backend, spec) job at a time, answered ("ok", payload) or
     ("error", message)."""
-    os.nice(setup.nice)
+    inherited = os.getpriority(os.PRIO_PROCESS, 0)  # nice values are relative to it
+    first = setup.nice if setup.import_nice is None else max(setup.nice, setup.import_nice)
+    os.setpriority(os.PRIO_PROCESS, 0, min(19, inherited + first))
     import torch
     torch.set_num_threads(1)
     from transformers import AutoTokenizer
@@ -63,6 +76,7 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
         XGRAMMAR: XGrammarBackend(*args, cache_bytes=setup.xgrammar_cache_bytes),
         LM_FORMAT_ENFORCER: LMFEBackend(*args),
     }
+    _renice_threads(min(19, inherited + setup.nice))
     conn.send(("ready", None))
     while True:
         try:
@@ -79,6 +93,19 @@ def _worker_main(conn: Connection, setup: WorkerSetup) -> None:
             conn.send(("error", str(e)))
         except Exception as e:  # a backend bug: report it, keep the worker
             conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _renice_threads(nice: int) -> None:
+    """Every thread of this process to ``nice`` (Linux keeps a nice value per thread, and
+    the backends' pools were started at the import priority); where raising priority is
+    not allowed, they keep theirs."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        with contextlib.suppress(PermissionError, ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 def rss_bytes(pid: int) -> int:
@@ -141,8 +168,9 @@ class CompileWorkers:
                 idle.append(self._idle.get_nowait())
             except queue.Empty:
                 break
+        background = replace(self.setup, import_nice=BACKGROUND_IMPORT_NICE)
         for worker in idle:
-            self._idle.put(worker if worker is not None else _Worker(self.setup, self.name))
+            self._idle.put(worker if worker is not None else _Worker(background, self.name))
 
     def run(self, backend: str, spec: StructuredSpec, timeout_s: float) -> Any:
         worker = self._take()

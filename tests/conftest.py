@@ -61,3 +61,14 @@ def build_tiny_model(directory: Path, tokenizer_dir: Path, *, num_layers: int = 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"), tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def lora_cache(tmp_path_factory, tiny_model_dir) -> Path:
+    """An adapter cache with the adapters of ``tests.lora_adapters.ADAPTERS`` (by id)."""
+    from tests.lora_adapters import ADAPTERS, save_lora
+
+    root = tmp_path_factory.mktemp("adapters")
+    for name, kw in ADAPTERS.items():
+        save_lora(tiny_model_dir, root / name, **kw)  # type: ignore[arg-type]
+    return root

@@ -6,11 +6,14 @@ import this module, never a runner's own."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from engine.kv_cache import BlockKeeper
+
+if TYPE_CHECKING:
+    from engine.adapters import LoraAdapter
 
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -36,6 +39,7 @@ class DecodeRow:
     position: int
     block_table: list[int]
     seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
+    adapter_slot: int = 0  # the LoRA adapter slot the row runs with (0 = the base model)
 
 
 @dataclass
@@ -49,6 +53,7 @@ class PrefillWork:
     # row of the step: prompt logprobs, asked for by a request
     prompt_rows: range = range(0)
     seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
+    adapter_slot: int = 0  # the LoRA adapter slot the chunk runs with (0 = the base model)
 
 
 @dataclass
@@ -93,6 +98,12 @@ class Runner(Protocol):
     # Keeps cached blocks' KV when it lives outside the block table (llama.cpp); None when
     # the block table is the KV (torch)
     block_keeper: BlockKeeper | None
+    # LoRA adapter slots 1..max_loras that rows may name (``adapter_slot``); 0 = this
+    # runner serves no adapters (the registry refuses them, naming the runner)
+    max_loras: int
+    # One step may hold rows of several adapter slots; False: the scheduler gives each
+    # step the rows of one slot (llama.cpp sets adapters per context, not per sequence)
+    supports_mixed_adapters: bool
 
     @property
     def row_cost(self) -> float:
@@ -112,4 +123,18 @@ class Runner(Protocol):
 
     def release(self, seq_id: int) -> None:
         """The scheduler freed ``seq_id``'s blocks (finished, aborted or preempted)."""
+        ...
+
+    def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        """Make ``slot`` run ``adapter`` (replacing what it held; no row uses the slot
+        now). Called off the engine thread, while steps run. ``AdapterError`` when the
+        adapter does not fit the model (a target module it lacks, shapes)."""
+    @property
+    def failure(self) -> str | None:
+        """Why the runner can run no more steps (a tensor-parallel worker lost); None while
+        it can. The step loop checks it between steps."""
+        ...
+
+    def close(self) -> None:
+        """Release what outlives the process's objects (tensor-parallel workers)."""
         ...

@@ -23,6 +23,9 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
 - Prefix caching: the cells of the scheduler's cached blocks live on in keeper sequence
   ids beyond the running ones (engine/runners/llamacpp_prefix.py); a sequence that starts
   from cached blocks gets their cells with ``llama_memory_seq_cp`` before its first chunk.
+- LoRA adapters apply per context, not per sequence: a step holds the rows of one adapter
+  slot (``supports_mixed_adapters = False``; the scheduler groups steps), whose adapter is
+  set on the context before its decode (``engine/runners/llamacpp_lora.py``).
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from engine.adapters import LoraAdapter
 from engine.config import EngineConfig
 from engine.kv_cache import BlockKeeper
 from engine.loading.model_loader import (
@@ -55,22 +60,25 @@ from engine.runners.base import (
     WarmupReport,
     config_eos_ids,
 )
+from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
+from engine.runners.requantize import requantize, target_format
 
 log = logging.getLogger(__name__)
 
 KV_BYTES_PER_ELEMENT = 2  # llama.cpp's default f16 K and V cache
 LLAMA_MAX_SEQ = 256  # llama.cpp's bound on sequences in one context (src/llama-cparams.h)
-# Batch invariance: a sequence's logits must not depend on what else runs in its step, or
-# greedy output would change with batch mates, chunking and preemption. llama.cpp's CPU
-# attention without flash attention sums over KV cells with SIMD lanes, so its result
-# depends on which cells a sequence landed in; flash attention's per-query kernel walks a
-# sequence's cells in order and does not, but from 64 queries in one ubatch llama.cpp
-# switches to a tiled kernel whose logits differ (by up to 0.56 on the default model).
-# Hence flash attention on and ubatches of at most 63 tokens (prefill ~30% slower than
-# 512-token ubatches, decode unaffected up to 63 rows a step).
+# Batch invariance (``--batch-invariant``): a sequence's logits should not depend on how
+# its prompt was chunked. llama.cpp's CPU attention without flash attention sums over KV
+# cells with SIMD lanes, so its result depends on which cells a sequence landed in; flash
+# attention's per-query kernel walks a sequence's cells in order and does not, but from 64
+# queries in one ubatch llama.cpp switches to a tiled kernel whose logits differ (by up to
+# 0.56 on the default model). Hence flash attention always, and ubatches of at most 63
+# tokens in the invariant mode; 512 otherwise (prefill ~1.3-2x faster, measured in
+# docs/llamacpp-runner.md; decode steps of up to 63 rows are the same either way).
 FLASH_ATTN = 1  # llama_context_params.flash_attn_type: -1 auto, 0 off, 1 on
-MAX_UBATCH = 63
+INVARIANT_UBATCH = 63
+UBATCH = 512
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
 _backend_ready = False
@@ -148,6 +156,7 @@ class BatchArrays:
     seq_id: np.ndarray
     seq_ptr: np.ndarray  # address of seq_id[i], what llama_batch.seq_id[i] points to
     logits: np.ndarray
+    first: Any = None  # the llama_batch from token 0, once built
 
     @classmethod
     def allocate(cls, capacity: int) -> BatchArrays:
@@ -162,7 +171,12 @@ class BatchArrays:
         return len(self.token)
 
     def batch(self, llama_cpp, start: int, n: int):
-        """The ``llama_batch`` of tokens ``[start, start + n)``."""
+        """The ``llama_batch`` of tokens ``[start, start + n)`` (the one from 0, every
+        step's, built once: five ctypes casts cost ~0.1 ms, a share of a batch-1 step)."""
+        if start == 0 and self.first is not None:
+            self.first.n_tokens = n
+            return self.first
+
         def ptr(a: np.ndarray, ctype):
             return ctypes.cast(a.ctypes.data + start * a.itemsize, ctypes.POINTER(ctype))
 
@@ -174,6 +188,8 @@ class BatchArrays:
         b.n_seq_id = ptr(self.n_seq_id, ctypes.c_int32)
         b.seq_id = ptr(self.seq_ptr, ctypes.POINTER(llama_cpp.llama_seq_id))
         b.logits = ptr(self.logits, ctypes.c_int8)
+        if start == 0:
+            self.first = b
         return b
 
 
@@ -182,6 +198,9 @@ class LlamaCppRunner:
     # Cached blocks' cells are kept in keeper sequence ids and shared with seq_cp
     # (block_keeper); False on an instance with no sequence id left for keepers.
     supports_prefix_caching = True
+    # llama.cpp sets adapters on the context, for every row of a decode: one per step
+    supports_mixed_adapters = False
+    failure: str | None = None  # one process: nothing else can fail under it
 
     def __init__(self, config: EngineConfig) -> None:
         llama_cpp = llama_lib()
@@ -209,18 +228,23 @@ class LlamaCppRunner:
             torch.set_num_threads(1)
 
         start = time.perf_counter()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        with llama_errors(llama_cpp) as errors:
-            self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
-        if not self.model:
-            reason = "; ".join(errors) or "no reason given"
-            raise ValueError(f"llama.cpp could not load {path} (general.architecture "
-                             f"{gguf_architecture(path)!r}): {reason}")
+        self.model = self._load(path)
+        self.quantization = self._ftype()
+        self.requantized_from: str | None = None
+        target = target_format(config.requantize, self.quantization)
+        if target is not None:
+            try:
+                path = str(requantize(llama_cpp, Path(path), target, self.threads))
+            except (OSError, RuntimeError) as e:  # an optimisation: run the file as it is
+                log.warning("could not requantise %s to %s (%s): running it as %s", path,
+                            target, e, self.quantization)
+            else:
+                llama_cpp.llama_model_free(self.model)
+                self.model = self._load(path)
+                self.requantized_from, self.quantization = self.quantization, self._ftype()
+        self.path = path
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(self.vocab)
-        self.quantization = (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(self.model))
-                             or b"?").decode()
         n_layer = llama_cpp.llama_model_n_layer(self.model)
         n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
         head_dim = llama_cpp.llama_model_n_embd(self.model) // llama_cpp.llama_model_n_head(
@@ -243,11 +267,12 @@ class LlamaCppRunner:
         if config.max_num_seqs > LLAMA_MAX_SEQ:
             raise ValueError(f"the llama.cpp runner holds at most {LLAMA_MAX_SEQ} "
                              f"sequences; --max-num-seqs is {config.max_num_seqs}")
-        self.n_batch = config.max_num_batched_tokens + config.max_num_seqs
+        self.n_batch = config.step_token_budget() + config.max_num_seqs
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = self.num_blocks * config.block_size
         cparams.n_batch = self.n_batch
-        cparams.n_ubatch = min(self.n_batch, MAX_UBATCH)
+        cparams.n_ubatch = min(self.n_batch, INVARIANT_UBATCH if config.batch_invariant
+                               else UBATCH)
         # Prefix caching: the sequence ids past the running ones keep cached cells.
         # llama.cpp reserves an output row per sequence id within min(n_ctx, n_batch)
         # (it aborts otherwise), so that bounds the ids too.
@@ -282,17 +307,27 @@ class LlamaCppRunner:
                      config.max_num_seqs, n_seq_max)
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
+        self.max_loras = config.max_loras if config.adapter_cache else 0
+        self.adapters = AdapterSlots(llama_cpp, self.model, self.ctx, BaseModel(
+            str(arch), n_layer, llama_cpp.llama_model_n_head(self.model), n_head_kv,
+            llama_cpp.llama_model_rope_type(self.model) == llama_cpp.LLAMA_ROPE_TYPE_NORM))
         self.tokenizer = self._load_tokenizer(source, path, arch)
         if config.chat_template:
             use_chat_template(self.tokenizer, config.chat_template)
         self._config_eos = _config_eos_ids(source)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
-        log.info("llama.cpp runner: %s (%s, %s) loaded in %.1fs; %d threads; KV cache %d "
-                 "cells (%d blocks of %d, %.0f MiB f16) for %d sequences", self.model_id,
-                 desc.value.decode(), self.quantization, time.perf_counter() - start,
-                 self.threads, cparams.n_ctx, self.num_blocks, config.block_size,
+        log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
+                 "KV cache %d cells (%d blocks of %d, %.0f MiB f16) for %d sequences",
+                 self.model_id, desc.value.decode(), self.quantization,
+                 f", requantised from {self.requantized_from}" if self.requantized_from
+                 else "", time.perf_counter() - start, self.threads, cparams.n_ubatch,
+                 " (batch invariant)" if config.batch_invariant else "", cparams.n_ctx,
+                 self.num_blocks, config.block_size,
                  self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs)
+
+    def close(self) -> None:
+        """Nothing to stop: the context and model are freed with the runner."""
 
     def __del__(self) -> None:
         llama_cpp = getattr(self, "llama_cpp", None)
@@ -301,9 +336,26 @@ class LlamaCppRunner:
         if getattr(self, "ctx", None):
             llama_cpp.llama_free(self.ctx)
             self.ctx = None
+        if getattr(self, "adapters", None) is not None:
+            self.adapters.free()
         if getattr(self, "model", None):
             llama_cpp.llama_model_free(self.model)
             self.model = None
+
+    def _load(self, path: str) -> Any:
+        mparams = self.llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        with llama_errors(self.llama_cpp) as errors:
+            model = self.llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        if not model:
+            reason = "; ".join(errors) or "no reason given"
+            raise ValueError(f"llama.cpp could not load {path} (general.architecture "
+                             f"{gguf_architecture(path)!r}): {reason}")
+        return model
+
+    def _ftype(self) -> str:
+        lc = self.llama_cpp
+        return (lc.llama_ftype_name(lc.llama_model_ftype(self.model)) or b"?").decode()
 
     @property
     def row_cost(self) -> float:
@@ -445,6 +497,11 @@ class LlamaCppRunner:
         log.info("llama.cpp runner: no compiled decode step (nothing to build)")
         return WarmupReport()
 
+    def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        """Convert ``adapter`` to llama.cpp's adapter GGUF and load it into ``slot`` (off
+        the engine thread; ``AdapterError`` when llama.cpp finds it does not fit)."""
+        self.adapters.load(slot, adapter)
+
     # ---- sequences ------------------------------------------------------------------
 
     def release(self, seq_id: int) -> None:
@@ -509,6 +566,10 @@ class LlamaCppRunner:
         rows.extend(extra)
         if not tokens:
             return torch.empty(0, self.vocab_size)
+        adapter = {r.adapter_slot for r in decodes} | {w.adapter_slot for w in prefills}
+        if len(adapter) > 1:  # the scheduler groups steps by adapter for this runner
+            raise RuntimeError(f"one llama.cpp step cannot run adapter slots {sorted(adapter)}")
+        self.adapters.activate(adapter.pop())
         return self._decode(tokens, positions, slots, rows)
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int],
@@ -523,8 +584,6 @@ class LlamaCppRunner:
         a.logits[:n] = 0
         wanted = np.asarray(rows, dtype=np.int64)
         a.logits[wanted] = 1
-        # Outputs come back in batch order; ``order`` puts them in the contract's order.
-        in_batch_order = np.flatnonzero(a.logits[:n])
         # One llama_decode (n <= n_batch): the step's tensor is llama.cpp's own logits
         # buffer, no copy (6 MB for 32 decodes). It stays valid until this context's next
         # llama_decode: the rest of this engine step, which consumes the logits before it.
@@ -536,7 +595,7 @@ class LlamaCppRunner:
             rc = self.llama_cpp.llama_decode(self.ctx, a.batch(self.llama_cpp, start, size))
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {size} tokens")
-            k = int(a.logits[start:start + size].sum())
+            k = 1 if len(rows) == 1 else int(a.logits[start:start + size].sum())
             if k:
                 got = np.ctypeslib.as_array(self.llama_cpp.llama_get_logits(self.ctx),
                                             shape=(k, self.vocab_size))
@@ -546,9 +605,12 @@ class LlamaCppRunner:
                     out.numpy()[done:done + k] = got
                 done += k
         self._note_cached(slots, positions)
-        if len(rows) > 1 and not np.array_equal(in_batch_order, wanted):
-            order = np.searchsorted(in_batch_order, wanted)
-            out = out[torch.from_numpy(order)]
+        if len(rows) > 1:
+            # Outputs come back in batch order; ``order`` puts them in the contract's.
+            in_batch_order = np.flatnonzero(a.logits[:n])
+            if not np.array_equal(in_batch_order, wanted):
+                order = np.searchsorted(in_batch_order, wanted)
+                out = out[torch.from_numpy(order)]
         return out
 
     def _note_cached(self, slots: list[int], positions: list[int]) -> None:

@@ -187,3 +187,57 @@ def test_the_long_prefill_limits_are_validated():
         long_prefill_scheduler(long_prefill_token_threshold=-1)
     with pytest.raises(ValueError, match="max_long_partial_prefills"):
         long_prefill_scheduler(max_long_partial_prefills=0)
+
+
+def adapter_seq(i: int, prompt_len: int, slot: int) -> Sequence:
+    """A sequence of a request running with LoRA adapter slot ``slot`` (0 = base)."""
+    from types import SimpleNamespace
+
+    return Sequence(i, SimpleNamespace(adapter_slot=slot), 0,  # type: ignore[arg-type]
+                    list(range(prompt_len)), None)  # type: ignore[arg-type]
+
+
+def test_without_mixed_adapters_the_adapter_slots_take_turns_one_step_each():
+    """A runner that sets adapters per step (llama.cpp) gets steps of one slot; the slots
+    with sequences take turns, so every sequence advances one token per round."""
+    sched = Scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                      mixed_adapters=False, adapter_turn_steps=1)
+    slots = {0: 0, 1: 1, 2: 0, 3: 2, 4: 1}  # seq id -> adapter slot
+    for i, slot in slots.items():
+        sched.add(adapter_seq(i, 3, slot))
+    served = []
+    for _ in range(9):
+        out = step(sched)
+        assert len({slots[i] for i, _, _ in out}) == 1
+        served.append((slots[out[0][0]], sorted(i for i, _, _ in out)))
+    assert served == [(0, [0, 2]), (1, [1, 4]), (2, [3])] * 3
+    assert all(len(s.output_token_ids) == 3 for s in sched.running)
+
+
+def test_an_adapter_slot_that_cannot_run_passes_its_turn():
+    """No seat for slot 1's waiting prompt: its turn goes to the base rows, never an empty
+    step; it runs once a seat frees."""
+    sched = Scheduler(num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=64,
+                      mixed_adapters=False, adapter_turn_steps=1)
+    a, b, c = adapter_seq(0, 3, 0), adapter_seq(1, 3, 0), adapter_seq(2, 3, 1)
+    for s in (a, b, c):
+        sched.add(s)
+    assert [step(sched) for _ in range(3)] == [[(0, 3, True), (1, 3, True)],
+                                               [(0, 1, True), (1, 1, True)],
+                                               [(0, 1, True), (1, 1, True)]]
+    sched.remove(a)
+    assert step(sched) == [(2, 3, True)]
+    assert step(sched) == [(1, 1, True)]
+
+
+def test_an_adapter_turn_lasts_adapter_turn_steps_steps_while_the_slot_has_work():
+    """Turns of 3 steps (each adapter change costs llama.cpp a graph rebuild); a slot whose
+    sequences finish mid-turn hands the turn on at once."""
+    sched = Scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                      mixed_adapters=False, adapter_turn_steps=3)
+    a, b = adapter_seq(0, 3, 0), adapter_seq(1, 3, 1)
+    sched.add(a)
+    sched.add(b)
+    assert [step(sched)[0][0] for _ in range(7)] == [0, 0, 0, 1, 1, 1, 0]
+    sched.remove(a)
+    assert [step(sched)[0][0] for _ in range(2)] == [1, 1]

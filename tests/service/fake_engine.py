@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.adapters import AdapterError
 from engine.config import EngineConfig, EngineDeadError, ModelInfo, QueueFullError, RequestError
 from engine.logits_process import is_factory
 from engine.output_collector import OutputCollector, collect
@@ -119,9 +120,13 @@ class FakeEngine:
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+                       params: SamplingParams,
+                       adapter_id: str = "") -> AsyncIterator[RequestOutput]:
         if not self.is_running:
             raise EngineDeadError("engine not started")
+        if adapter_id:  # the fake has no model to adapt (AsyncEngine without --adapter-cache)
+            raise AdapterError(adapter_id, "adapters are not enabled on this server "
+                               "(--adapter-cache)")
         if request_id in self._requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not prompt_token_ids:
@@ -150,12 +155,22 @@ class FakeEngine:
 
     async def complete(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams,
-                       collector: OutputCollector | None = None) -> OutputCollector:
+                       collector: OutputCollector | None = None,
+                       adapter_id: str = "") -> OutputCollector:
         """The whole output at once, merged from ``generate`` (AsyncEngine.complete)."""
         if collector is None:
             collector = OutputCollector(request_id, params.n,
                                         Usage(prompt_tokens=len(prompt_token_ids)))
-        return await collect(self.generate(request_id, prompt_token_ids, params), collector)
+        return await collect(self.generate(request_id, prompt_token_ids, params, adapter_id),
+                             collector)
+
+    def adapter_status(self) -> list:
+        return []
+
+    def check_adapter(self, adapter_id: str) -> None:
+        if adapter_id:
+            raise AdapterError(adapter_id, "adapters are not enabled on this server "
+                               "(--adapter-cache)")
 
     def abort_all(self) -> None:
         for request_id in list(self._requests):

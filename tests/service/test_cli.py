@@ -102,6 +102,13 @@ def test_runner_and_threads_flags_reach_the_engine_config(monkeypatch):
     assert _served_config(monkeypatch, []).engine.runner == "llamacpp"
 
 
+def test_llama_cpp_speed_flags_default_to_fast_and_reach_the_engine_config(monkeypatch):
+    default = _served_config(monkeypatch, []).engine
+    assert not default.batch_invariant and default.requantize == "auto"
+    config = _served_config(monkeypatch, ["--batch-invariant", "--requantize", "none"]).engine
+    assert config.batch_invariant and config.requantize == "none"
+
+
 def test_serve_shortens_openmp_spin_for_the_llama_cpp_runner(monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
@@ -163,7 +170,8 @@ def test_settings_precedence_flag_over_env_over_file_over_default(monkeypatch, t
     assert seen.seed == 5 and not seen.limits.prompt_logprobs  # env
     assert not seen.fmaas  # file
     assert seen.processor_plugins == ["x.y:Z"]  # a list flag on the command line wins whole
-    assert seen.engine.max_num_batched_tokens == 512  # default
+    assert seen.engine.max_num_batched_tokens == 0  # default: chosen for the device
+    assert seen.engine.step_token_budget() == 512  # on this CPU machine
 
 
 @pytest.mark.parametrize(("env", "file", "message"), [

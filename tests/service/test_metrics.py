@@ -383,7 +383,8 @@ TGIS = {"tgi_request_count": "counter", "tgi_request_input_count": "counter",
         "tgi_request_duration": "histogram", "tgi_request_queue_duration": "histogram",
         "tgi_request_inference_duration": "histogram",
         "tgi_request_mean_time_per_token_duration": "histogram",
-        "tgi_queue_size": "gauge", "tgi_batch_current_size": "gauge"}
+        "tgi_queue_size": "gauge", "tgi_batch_current_size": "gauge",
+        "tgi_batch_inference_duration": "histogram"}
 
 
 def test_tgis_metric_names_count_calls_inputs_tokens_and_failures(server, stub, engine_kind):
@@ -447,3 +448,6 @@ def test_tgis_metric_names_count_calls_inputs_tokens_and_failures(server, stub, 
         assert inference > 0
         per_token = delta("tgi_request_mean_time_per_token_duration_sum")
         assert 0 < per_token < inference
+        for method in ("prefill", "next_token"):  # every engine step, by what it computed
+            assert delta("tgi_batch_inference_duration_count", method=method) > 0, method
+            assert delta("tgi_batch_inference_duration_sum", method=method) > 0, method

@@ -347,10 +347,10 @@ def test_bad_requests_are_invalid_argument(fm):
     cases = [
         (tgis.BatchedGenerationRequest(requests=[tgis.GenerationRequest(text=PROMPT)],
                                        adapter_id="my-lora", params=params(4)),
-         "adapters are not supported"),
+         "adapter_id: adapter 'my-lora': adapters are not enabled on this server"),
         (tgis.BatchedGenerationRequest(requests=[tgis.GenerationRequest(text=PROMPT)],
                                        prefix_id="my-prompt", params=params(4)),
-         "adapters are not supported"),
+         "prefix_id: prompt-tuning prefixes are not supported"),
         (tgis.BatchedGenerationRequest(params=params(4)), "requests must not be empty"),
         (tgis.BatchedGenerationRequest(requests=[tgis.GenerationRequest(text="")] * 1,
                                        params=params(4)), "prompt is empty"),

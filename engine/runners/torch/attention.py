@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
 from engine.runners.torch.kv_tensors import KVCache
@@ -175,6 +176,20 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
 
 
+# Prefill on CUDA leaves cuDNN attention out: it builds an execution plan for every new
+# sequence length (0.5-1.2 s for a 2k prompt on an H200, torch 2.11), which each new prompt
+# length would pay in its time to first token; flash / memory-efficient attention need
+# none. Decode steps (CUDA graphs) keep torch's own choice.
+_PREFILL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                     SDPBackend.MATH]
+
+
+def _prefill_kernels(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    if device.type == "cuda":
+        return sdpa_kernel(_PREFILL_BACKENDS)
+    return contextlib.nullcontext()
+
+
 def _band(n_q: int, n_k: int, q_start: int, window: int | None,
           device: torch.device) -> torch.Tensor:
     """``[n_q, n_k]`` bool: query ``i`` (at position ``q_start + i``) sees key ``j`` when
@@ -233,7 +248,6 @@ def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
                      window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """The eager step: ``[1, H, T, D]`` queries -> ``[1, T, H, D]``."""
     k_cache, v_cache = _write_cache(meta.kv_cache, layer, meta.slot_mapping, key, value)
-    n_kv, d = key.shape[1], key.shape[3]
     outs = []
     nd = meta.num_decode
     if nd:
@@ -245,26 +259,36 @@ def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
         else:
             outs.append(_decode(q, k_cache, v_cache, meta.decode_block_tables,
                                 meta.decode_mask, scaling, window, softcap))
-    for chunk in meta.prefills:
-        qc = query[:, :, chunk.start:chunk.start + chunk.length]
-        if chunk.mask is None:
-            kc = key[:, :, chunk.start:chunk.start + chunk.length]
-            vc = value[:, :, chunk.start:chunk.start + chunk.length]
-            mask = (None if window is None or window >= chunk.length
-                    else _band(chunk.length, chunk.length, 0, window, query.device))
-            o = _attend(qc, kc, vc, mask, scaling, softcap, is_causal=mask is None)
-        else:
-            total = chunk.ctx_len + chunk.length
-            kc = k_cache.index_select(0, chunk.block_ids).view(-1, n_kv, d)[:total]
-            vc = v_cache.index_select(0, chunk.block_ids).view(-1, n_kv, d)[:total]
-            kc, vc = kc.transpose(0, 1)[None], vc.transpose(0, 1)[None]
-            mask = chunk.mask
-            if window is not None and window < total:
-                mask = _band(chunk.length, total, chunk.ctx_len, window, query.device)
-            o = _attend(qc, kc, vc, mask, scaling, softcap)
-        outs.append(o[0].transpose(0, 1))  # [length, H, D]
+    with _prefill_kernels(query.device):
+        outs.extend(_prefill_chunk(chunk, query, key, value, k_cache, v_cache,
+                                   scaling, window, softcap) for chunk in meta.prefills)
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
     return out.unsqueeze(0)
+
+
+def _prefill_chunk(chunk: PrefillChunk, query: torch.Tensor, key: torch.Tensor,
+                   value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   scaling: float | None, window: int | None,
+                   softcap: float | None) -> torch.Tensor:
+    """One prompt chunk's attention -> ``[length, H, D]``."""
+    n_kv, d = key.shape[1], key.shape[3]
+    qc = query[:, :, chunk.start:chunk.start + chunk.length]
+    if chunk.mask is None:
+        kc = key[:, :, chunk.start:chunk.start + chunk.length]
+        vc = value[:, :, chunk.start:chunk.start + chunk.length]
+        mask = (None if window is None or window >= chunk.length
+                else _band(chunk.length, chunk.length, 0, window, query.device))
+        o = _attend(qc, kc, vc, mask, scaling, softcap, is_causal=mask is None)
+    else:
+        total = chunk.ctx_len + chunk.length
+        kc = k_cache.index_select(0, chunk.block_ids).view(-1, n_kv, d)[:total]
+        vc = v_cache.index_select(0, chunk.block_ids).view(-1, n_kv, d)[:total]
+        kc, vc = kc.transpose(0, 1)[None], vc.transpose(0, 1)[None]
+        mask = chunk.mask
+        if window is not None and window < total:
+            mask = _band(chunk.length, total, chunk.ctx_len, window, query.device)
+        o = _attend(qc, kc, vc, mask, scaling, softcap)
+    return o[0].transpose(0, 1)
 
 
 def decode_attention_impl(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -24,6 +24,7 @@ and that step runs eagerly, instead of stalling the server for a compile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -43,6 +44,7 @@ from engine.runners.torch.decode_inputs import (
     decode_width,
 )
 from engine.runners.torch.kv_tensors import KVCache
+from engine.runners.torch.lora import LoraLayers
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,10 @@ class DecodeGraphs:
     """The compiled decode step of one runner (its model and KV cache)."""
 
     def __init__(self, model: Any, kv_cache: KVCache, block_size: int, scratch_block: int,
-                 max_blocks_per_seq: int, device: torch.device) -> None:
+                 max_blocks_per_seq: int, device: torch.device,
+                 lora: LoraLayers | None = None) -> None:
         self.model = model
+        self.lora = lora  # adapter slots: every graph applies them, masked per row
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.scratch_block = scratch_block
@@ -136,11 +140,15 @@ class DecodeGraphs:
                 return None
             inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                          self.device, pad_to=key[0], width=key[1])
+            if self.lora is not None:
+                self.lora.fill_static([r.adapter_slot for r in decodes] + [0] * (key[0] - n))
             return self._cuda_steps[key](inputs)[:n]
         if not self.covers(n):
             return None
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                      self.device)
+        if self.lora is not None:
+            self.lora.fill_static([r.adapter_slot for r in decodes])
         try:
             return self._cpu_step(inputs)
         except Exception:  # a guard failed (it would recompile mid-serving) or worse
@@ -164,15 +172,28 @@ class DecodeGraphs:
 
     # ---- building ------------------------------------------------------------------
 
-    def build(self, buckets: Sequence[int], budget_s: float) -> WarmupReport:
+    def build(self, buckets: Sequence[int], budget_s: float,
+              agree: Callable[[bool], bool] | None = None) -> WarmupReport:
         """Build while the budget lasts; a build that would likely overrun it (judged by
-        the previous one's time) is skipped and its steps run eagerly."""
+        the previous one's time) is skipped and its steps run eagerly. ``agree``: with
+        tensor parallelism, every rank goes by rank 0's decision to build or skip (each
+        build runs forwards whose all-reduces need every rank)."""
         report = WarmupReport()
+        if self.lora is not None:
+            self.lora.reserve_static(max(buckets, default=1))
         start = time.perf_counter()
         last = 0.0
+        if (reason := self._uncapturable()) is not None:
+            log.warning("decode graphs not captured: %s; decode steps run eagerly", reason)
+            report.graphs = [BuildReport(label, 0.0, f"skipped ({reason})")
+                             for label, _ in self._plan(buckets)]
+            return report
         for label, build in self._plan(buckets):
             left = budget_s - (time.perf_counter() - start)
-            if left <= 0 or last > left:
+            go = not (left <= 0 or last > left)
+            if agree is not None:
+                go = agree(go)
+            if not go:
                 report.graphs.append(BuildReport(label, 0.0, "skipped (budget)"))
                 log.warning("decode graph for %s rows skipped: the %.0fs compile budget is "
                             "spent; those steps run eagerly", label, budget_s)
@@ -192,6 +213,19 @@ class DecodeGraphs:
                  "CUDA graphs" if self.device.type == "cuda" else "torch.compile",
                  ", ".join(report.ready) or "no", report.seconds)
         return report
+
+    def _uncapturable(self) -> str | None:
+        """Why this model's decode step cannot be a CUDA graph, if it cannot. Measured on
+        an H200 (torch 2.11): transformers' grouped_mm experts in float32 copy to the host
+        inside the forward (torch's float32 grouped_mm, or transformers' fallback reading
+        the offsets), which capture forbids; bf16, the CUDA default, captures."""
+        if self.device.type != "cuda":
+            return None
+        experts = getattr(self.model.config, "_experts_implementation", None)
+        dtype = next(self.model.parameters()).dtype
+        if experts == "grouped_mm" and dtype == torch.float32:
+            return "mixture-of-experts layers in float32 sync with the host; use bf16"
+        return None
 
     def _plan(self, buckets: Sequence[int]) -> list[tuple[str, Callable[[], str]]]:
         sizes = sorted({b for b in buckets if b > 0})
@@ -260,11 +294,12 @@ class DecodeGraphs:
                                          self.device, pad_to=rows, width=width)
         meta = StaticDecode(self.kv_cache, static.slot_mapping, static.block_tables,
                             static.seq_lens)
-        model = self.model
+        model, lora = self.model, self.lora
 
         def forward() -> torch.Tensor:
-            return model(input_ids=static.input_ids, position_ids=static.positions,
-                         use_cache=False, genserve_meta=meta).logits
+            with lora.capturing(rows) if lora is not None else contextlib.nullcontext():
+                return model(input_ids=static.input_ids, position_ids=static.positions,
+                             use_cache=False, genserve_meta=meta).logits
 
         with torch.inference_mode():
             side = torch.cuda.Stream()

@@ -22,6 +22,7 @@ class DecodeRowLike(Protocol):
     token_id: int
     position: int
     block_table: list[int]
+    adapter_slot: int
 
 
 @dataclass

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable
 
 import torch
 
+from engine.adapters import AdapterError, LoraAdapter
 from engine.config import EngineConfig
 from engine.kv_cache import BlockKeeper
 from engine.loading.model_loader import (
@@ -33,8 +36,11 @@ from engine.runners.torch.attention import (
 from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
+from engine.runners.torch.lora import LoraLayers
 from engine.runners.torch.model_check import check_config, check_probe
 from engine.runners.torch.packed_linear import can_pack, pack_linears
+from engine.runners.torch.tp_group import TPGroup
+from engine.runners.torch.tp_shard import drop_head, shard_model, wrap_row_parallel
 
 log = logging.getLogger(__name__)
 
@@ -45,33 +51,48 @@ class ModelRunner:
     row_cost = 0.0
     supports_prefix_caching = True  # attention reads each row's blocks through its table
     block_keeper: BlockKeeper | None = None  # the block table is the KV: it keeps itself
+    supports_mixed_adapters = True  # per-row LoRA (engine/runners/torch/lora.py)
 
     def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,
-                 num_blocks: int | None = None) -> None:
+                 num_blocks: int | None = None, tp: TPGroup | None = None) -> None:
         """``share_weights``: reuse another runner's loaded model and tokenizer (with a KV
         cache of this config's own size) instead of loading the weights again; anything
         with the same five attributes will do (a self-draft passes a truncated model).
-        ``num_blocks`` sizes the KV cache in blocks instead of ``kv_cache_memory``."""
+        ``num_blocks`` sizes the KV cache in blocks instead of ``kv_cache_memory``.
+        ``tp``: this process's tensor-parallel group; the runner holds its rank's shard
+        (rank 0: ``execute`` sends each step to the workers first)."""
+        self.tp = tp
         if share_weights is None:
             source = resolve_model(config.model, config.revision)
-            self.device = resolve_device(config.device)
+            self.device = tp.device if tp else resolve_device(config.device)
             self.dtype = resolve_dtype(config.dtype, self.device, config_dtype(source))
             self.tokenizer = load_tokenizer(source, config.trust_remote_code,
                                             config.chat_template)
             check_config(load_config(source, config.trust_remote_code))  # before the weights
-            self.model = load_model(source, self.dtype, self.device, ATTN_NAME,
+            # Sharded on the CPU, then moved: a rank's device holds only its shard.
+            self.model = load_model(source, self.dtype,
+                                    torch.device("cpu") if tp else self.device, ATTN_NAME,
                                     config.trust_remote_code)
+            if tp is not None:
+                shard_model(self.model, tp.rank, tp.world_size)
+                if tp.rank:
+                    drop_head(self.model)
+                self.model.to(self.device)
             self.model_id = source.model_id
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)
+            if tp is not None:
+                wrap_row_parallel(self.model)
         else:
             for name in ("device", "dtype", "tokenizer", "model", "model_id"):
                 setattr(self, name, getattr(share_weights, name))
         text_cfg = self.model.config.get_text_config()
         n_heads = text_cfg.num_attention_heads
         n_kv = getattr(text_cfg, "num_key_value_heads", None) or n_heads
+        if tp is not None:
+            n_kv //= tp.world_size  # this rank's heads only
         head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // n_heads
-        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.quantization = str(self.dtype).removeprefix("torch.")  # weights as they run
         model_max = getattr(text_cfg, "max_position_embeddings", DEFAULT_MAX_MODEL_LEN)
         wanted = config.max_model_len or DEFAULT_MAX_MODEL_LEN
@@ -99,6 +120,14 @@ class ModelRunner:
         # the engine raises it when it is given a speculator (EngineConfig has no spec knobs).
         self.max_rows_per_seq = 1
         self.decode_graphs: DecodeGraphs | None = None  # built by warmup()
+        # LoRA adapter slots (engine/runners/torch/lora.py); a runner sharing another's
+        # weights (a self-draft) runs the base model only
+        self.lora: LoraLayers | None = None
+        self.max_loras = 0
+        if config.adapter_cache and share_weights is None:
+            self.lora = LoraLayers(self.model, config.max_loras, config.max_lora_rank,
+                                   self.device, self.dtype)
+            self.max_loras = config.max_loras
         log.info("KV cache: %d blocks of %d tokens (%.0f MiB, %d tokens)", num_blocks,
                  config.block_size, num_blocks * spec.bytes_per_block / 2**20,
                  num_blocks * config.block_size)
@@ -133,6 +162,12 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         """Nothing kept per sequence: its KV lives in the blocks the scheduler frees."""
 
+    def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        if self.lora is None:
+            raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
+                               "slots (--adapter-cache)")
+        self.lora.load(slot, adapter)
+
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
         bs = self.block_size
         return [block_table[p // bs] * bs + p % bs for p in range(start, end)]
@@ -151,30 +186,70 @@ class ModelRunner:
         if self.config.enforce_eager:
             log.info("enforce_eager: decode steps run eagerly (nothing compiled)")
             return WarmupReport()
+        if self.tp is not None and self.device.type == "cuda":
+            # Unverified: NCCL collectives inside captured CUDA graphs; never served wrong.
+            log.warning("tensor parallel on CUDA: decode steps run eagerly (CUDA graphs "
+                        "are not captured with --tensor-parallel-size > 1)")
+            return WarmupReport()
         wanted = cap_buckets(self.config.decode_buckets if buckets is None else buckets,
                              self.config.max_num_seqs * self.max_rows_per_seq)
+        budget = self.config.compile_budget_s if budget_s is None else budget_s
+        if self.tp is None:
+            return self._build_graphs(wanted, budget)
+        with self.tp.leading(("warmup", wanted, budget)):
+            return self._build_graphs(wanted, budget, self.tp.broadcast)
+
+    def follow_warmup(self, wanted: list[int], budget: float) -> WarmupReport:
+        """A worker's half of rank 0's ``warmup``: the same builds, in lockstep (rank 0
+        decides which to skip, and each rank's warm-up forwards meet in the all-reduces)."""
+        assert self.tp is not None
+        tp = self.tp
+        return self._build_graphs(wanted, budget, lambda _go: tp.broadcast())
+
+    def _build_graphs(self, wanted: list[int], budget: float,
+                      agree: Callable[[bool], bool] | None = None) -> WarmupReport:
         graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.scratch_block,
-                              -(-self.max_model_len // self.block_size), self.device)
-        report = graphs.build(wanted, self.config.compile_budget_s if budget_s is None
-                              else budget_s)
+                              -(-self.max_model_len // self.block_size), self.device,
+                              self.lora)
+        report = graphs.build(wanted, budget, agree)
         self.decode_graphs = graphs if graphs.max_rows else None
         return report
 
     # ---- one step ----------------------------------------------------------------------
 
-    @torch.inference_mode()
     def execute(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
         """Logits ``[rows, vocab]``: one row per decode row, then ``num_logits`` per sampled
-        prefill, then each prefill's ``prompt_rows``."""
+        prefill, then each prefill's ``prompt_rows``. With tensor parallelism the step goes
+        to the workers first (one broadcast), and every rank runs it on its shard."""
+        if not decodes and not prefills:
+            return torch.empty(0, self.vocab_size, dtype=self.dtype, device=self.device)
+        if self.tp is None:
+            return self.run_step(decodes, prefills)
+        with self.tp.leading(("step", decodes, prefills)):
+            return self.run_step(decodes, prefills)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the tensor-parallel group can run no more steps (None: it can)."""
+        return self.tp.failure if self.tp is not None else None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do on one device)."""
+        if self.tp is not None:
+            self.tp.close()
+
+    @torch.inference_mode()
+    def run_step(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
+        """This rank's forward of the step (a worker's logits are empty: rank 0 has the
+        head)."""
         if not prefills:
-            if not decodes:
-                return torch.empty(0, self.vocab_size, dtype=self.dtype, device=self.device)
             if self.decode_graphs is not None:
                 logits = self.decode_graphs.run(decodes)
                 if logits is not None:
                     return logits
             return self._execute_decodes(decodes)
         bs = self.block_size
+        adapter_slots: list[int] = [r.adapter_slot for r in decodes]
         token_ids: list[int] = [r.token_id for r in decodes]
         positions: list[int] = [r.position for r in decodes]
         slots: list[int] = [r.block_table[r.position // bs] * bs + r.position % bs
@@ -187,6 +262,7 @@ class ModelRunner:
             n = len(work.token_ids)
             end_pos = work.start_pos + n
             token_ids.extend(work.token_ids)
+            adapter_slots.extend([work.adapter_slot] * n)
             positions.extend(range(work.start_pos, end_pos))
             slots.extend(self._slots(work.block_table, work.start_pos, end_pos))
             mask = None
@@ -209,23 +285,30 @@ class ModelRunner:
             meta.decode_block_tables = dec.block_tables
             meta.decode_mask = dec.mask(bs)
             meta.decode_groups = dec.groups
-        out = self.model(
-            input_ids=packed[0:1],
-            position_ids=packed[1:2],
-            use_cache=False,
-            logits_to_keep=torch.tensor(keep + extra, dtype=torch.long, device=self.device),
-            genserve_meta=meta,
-        )
+        with self._adapters(adapter_slots):
+            out = self.model(
+                input_ids=packed[0:1],
+                position_ids=packed[1:2],
+                use_cache=False,
+                logits_to_keep=torch.tensor(keep + extra, dtype=torch.long,
+                                            device=self.device),
+                genserve_meta=meta,
+            )
         return out.logits[0]
+
+    def _adapters(self, slots: list[int]) -> contextlib.AbstractContextManager[None]:
+        """Token ``i`` of the forward runs adapter slot ``slots[i]``."""
+        return self.lora.step(slots) if self.lora is not None else contextlib.nullcontext()
 
     def _execute_decodes(self, decodes: list[DecodeRow]) -> torch.Tensor:
         """Eager decode-only step: every row is sampled, so no ``logits_to_keep`` gather."""
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                      self.device)
-        out = self.model(
-            input_ids=inputs.input_ids,
-            position_ids=inputs.positions,
-            use_cache=False,
-            genserve_meta=inputs.metadata(self.kv_cache, self.block_size),
-        )
+        with self._adapters([r.adapter_slot for r in decodes]):
+            out = self.model(
+                input_ids=inputs.input_ids,
+                position_ids=inputs.positions,
+                use_cache=False,
+                genserve_meta=inputs.metadata(self.kv_cache, self.block_size),
+            )
         return out.logits[0]

@@ -47,23 +47,26 @@ _LAYERS: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
 _next_key = 0
 
 
-def _linear(x: torch.Tensor, key: int) -> torch.Tensor:
+def _linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
     packed, bias = _LAYERS[key]
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+# ``out_features`` is in the call (not only behind the key) so that a compiled graph's
+# cache key (inductor's on-disk FX graph cache) tells apart layers of different widths
+# with the same key number: another model's, or another tensor-parallel rank's shard.
 packed_linear = torch.library.custom_op("genserve::packed_linear", mutates_args=())(_linear)
 
 
 @packed_linear.register_fake
-def _(x: torch.Tensor, key: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], _LAYERS[key][0].size(0)))
+def _(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
 
 
-def _packed_forward(key: int, x: torch.Tensor) -> torch.Tensor:
+def _packed_forward(key: int, out_features: int, x: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
-        return torch.ops.genserve.packed_linear(x, key)
-    return _linear(x, key)
+        return torch.ops.genserve.packed_linear(x, key, out_features)
+    return _linear(x, key, out_features)
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -87,7 +90,8 @@ def pack_linears(model: nn.Module) -> int:
             # Packed again, a layer gets the very objects it had (forward, placeholder):
             # compiled graphs guard on their identity.
             mod.__dict__["forward"] = mod.__dict__.setdefault(
-                "_genserve_forward", functools.partial(_packed_forward, key))
+                "_genserve_forward",
+                functools.partial(_packed_forward, key, int(mod.weight.shape[0])))
             if mod.weight.data_ptr() not in shared:
                 if "_genserve_placeholder" not in mod.__dict__:
                     placeholder = torch.empty(1, dtype=mod.weight.dtype).expand(

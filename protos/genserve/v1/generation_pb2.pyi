@@ -49,7 +49,7 @@ FINISH_REASON_ABORTED: FinishReason
 FINISH_REASON_ERROR: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "prompt_token_ids", "chat", "truncate_input_tokens", "sampling", "stopping", "structured_output", "output", "speculative", "processors")
+    __slots__ = ("request_id", "prompt", "prompt_token_ids", "chat", "truncate_input_tokens", "sampling", "stopping", "structured_output", "output", "speculative", "processors", "adapter_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class GenerateRequest(_message.Message):
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     PROCESSORS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     prompt_token_ids: TokenIds
@@ -72,7 +73,8 @@ class GenerateRequest(_message.Message):
     output: OutputOptions
     speculative: SpeculativeOptions
     processors: _containers.RepeatedCompositeFieldContainer[ProcessorRef]
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., truncate_input_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParameters, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeOptions, _Mapping]] = ..., processors: _Optional[_Iterable[_Union[ProcessorRef, _Mapping]]] = ...) -> None: ...
+    adapter_id: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., truncate_input_tokens: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParameters, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ..., output: _Optional[_Union[OutputOptions, _Mapping]] = ..., speculative: _Optional[_Union[SpeculativeOptions, _Mapping]] = ..., processors: _Optional[_Iterable[_Union[ProcessorRef, _Mapping]]] = ..., adapter_id: _Optional[str] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -355,7 +357,7 @@ class SpeculativeInfo(_message.Message):
     def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative", "structured_backend_info", "max_new_tokens", "runner", "quantization", "prefix_cache")
+    __slots__ = ("model_id", "max_model_len", "vocab_size", "eos_token_ids", "structured_backends", "speculative", "structured_backend_info", "max_new_tokens", "runner", "quantization", "prefix_cache", "adapters", "max_loras")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +369,8 @@ class GetModelInfoResponse(_message.Message):
     RUNNER_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     max_model_len: int
     vocab_size: int
@@ -378,7 +382,23 @@ class GetModelInfoResponse(_message.Message):
     runner: str
     quantization: str
     prefix_cache: PrefixCacheInfo
-    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., runner: _Optional[str] = ..., quantization: _Optional[str] = ..., prefix_cache: _Optional[_Union[PrefixCacheInfo, _Mapping]] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[LoadedAdapter]
+    max_loras: int
+    def __init__(self, model_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., structured_backends: _Optional[_Iterable[str]] = ..., speculative: _Optional[_Union[SpeculativeInfo, _Mapping]] = ..., structured_backend_info: _Optional[_Iterable[_Union[StructuredBackendInfo, _Mapping]]] = ..., max_new_tokens: _Optional[int] = ..., runner: _Optional[str] = ..., quantization: _Optional[str] = ..., prefix_cache: _Optional[_Union[PrefixCacheInfo, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[LoadedAdapter, _Mapping]]] = ..., max_loras: _Optional[int] = ...) -> None: ...
+
+class LoadedAdapter(_message.Message):
+    __slots__ = ("adapter_id", "rank", "target_modules", "load_seconds", "active_requests")
+    ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODULES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    adapter_id: str
+    rank: int
+    target_modules: _containers.RepeatedScalarFieldContainer[str]
+    load_seconds: float
+    active_requests: int
+    def __init__(self, adapter_id: _Optional[str] = ..., rank: _Optional[int] = ..., target_modules: _Optional[_Iterable[str]] = ..., load_seconds: _Optional[float] = ..., active_requests: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheInfo(_message.Message):
     __slots__ = ("enabled", "queries", "hits", "cached_blocks")

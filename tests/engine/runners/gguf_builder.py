@@ -11,6 +11,7 @@ converter is a LlamaModel); NEOX-RoPE ones such as Qwen2 go in as they are.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,11 @@ TOKENIZER_KEYS = (  # copied verbatim from the default GGUF
 )
 
 
+@functools.lru_cache(maxsize=1)
 def default_tokenizer_fields() -> dict[str, Any]:
-    """The default GGUF's tokenizer metadata: key -> (value, GGUFValueType, sub type)."""
+    """The default GGUF's tokenizer metadata: key -> (value, GGUFValueType, sub type).
+    Read once per process (gguf-py takes seconds over its 49k-token vocabulary); callers
+    must not modify it."""
     import gguf
 
     from engine.loading.model_loader import default_model_path

@@ -24,7 +24,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading import weights_cache
-from engine.runners.llamacpp import MAX_UBATCH
+from engine.runners.llamacpp import INVARIANT_UBATCH
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from tests.engine.runners.gguf_builder import default_tokenizer_fields, write_gguf
@@ -118,7 +118,7 @@ def llama(path: Path, **kw):
 
     # flash attention and ubatch as the runner's context runs them
     return llama_cpp.Llama(str(path), n_ctx=512, n_threads=THREADS, flash_attn=True,
-                           n_ubatch=MAX_UBATCH, verbose=False, **kw)
+                           n_ubatch=INVARIANT_UBATCH, verbose=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,8 @@ def reference(built, ids) -> list[list[int]]:
 
 def config(path: Path) -> EngineConfig:
     return EngineConfig(model=str(path), runner="llamacpp", max_model_len=512,
-                        kv_cache_memory=8 << 20, max_num_seqs=8, threads=THREADS)
+                        kv_cache_memory=8 << 20, max_num_seqs=8, threads=THREADS,
+                        batch_invariant=True, requantize="none")  # as the reference
 
 
 def greedy() -> SamplingParams:

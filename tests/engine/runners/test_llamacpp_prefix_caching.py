@@ -11,7 +11,7 @@ import pytest
 
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import default_model_path
-from engine.runners.llamacpp import MAX_UBATCH
+from engine.runners.llamacpp import INVARIANT_UBATCH
 from engine.runners.select import llama_cpp_available
 from tests.engine.runners.test_llamacpp_runner import THREADS, config, greedy
 from tests.engine.test_engine import run_to_completion
@@ -48,7 +48,7 @@ def llama():
     import llama_cpp
 
     llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS,
-                          flash_attn=True, n_ubatch=MAX_UBATCH, verbose=False)
+                          flash_attn=True, n_ubatch=INVARIANT_UBATCH, verbose=False)
     yield lambda ids, n=NEW: list(itertools.islice(llm.generate(ids, temp=0.0, reset=True),
                                                    n))
     llm.close()

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,8 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import default_model_path
 from engine.outputs import FinishReason
-from engine.runners.llamacpp import MAX_UBATCH
+from engine.runners.llamacpp import INVARIANT_UBATCH, UBATCH
+from engine.runners.requantize import requantized_path
 from engine.runners.select import choose_runner, llama_cpp_available
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
@@ -49,7 +51,8 @@ KV = 64 << 20  # 2800 cells: plenty for these prompts
 
 def config(**kw) -> EngineConfig:
     base = dict(model="default", runner="llamacpp", max_model_len=1024, kv_cache_memory=KV,
-                max_num_seqs=16, threads=THREADS)
+                max_num_seqs=16, threads=THREADS, batch_invariant=True,  # the shipped
+                requantize="none")  # file, in ubatches of 63, as the reference runs it
     base.update(kw)
     return EngineConfig(**base)  # type: ignore[arg-type]
 
@@ -85,7 +88,7 @@ def reference(ids) -> list[list[int]]:
 
     # flash attention as the runner's context runs it (llama.cpp's "auto": on for CPU)
     llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS,
-                          flash_attn=True, n_ubatch=MAX_UBATCH, verbose=False)  # as ours
+                          flash_attn=True, n_ubatch=INVARIANT_UBATCH, verbose=False)  # as ours
     out = [list(itertools.islice(llm.generate(p, temp=0.0, reset=True), MAX_NEW))
            for p in ids]
     llm.close()
@@ -128,6 +131,29 @@ def test_greedy_alone_matches_llama_cpp_generate(engine, ids, reference):
         res = run_to_completion(engine, {0: [(f"a{i}", p, greedy())]})
         assert tokens(res, f"a{i}") == reference[i], f"prompt {i}"
     assert engine.scheduler.allocator.num_used == 0
+
+
+def test_by_default_q4_1_runs_as_a_cached_q8_0_copy_in_512_token_ubatches(ids):
+    """No --batch-invariant, --requantize auto: the shipped Q4_1 runs requantised to Q8_0
+    (cached on disk: a second engine reuses the copy), and greedy output alone equals
+    llama.cpp's own on that copy with the same ubatch."""
+    import llama_cpp
+
+    default = LLMEngine(config(batch_invariant=False, requantize="auto"))
+    runner = default.runner
+    assert default.info.quantization == "Q8_0"
+    assert runner.requantized_from == "Q4_1"  # type: ignore[attr-defined]
+    copy = requantized_path(Path(default_model_path()).resolve(), "Q8_0")
+    assert runner.path == str(copy)  # type: ignore[attr-defined]
+    assert llama_cpp.llama_n_ubatch(runner.ctx) == UBATCH  # type: ignore[attr-defined]
+    llm = llama_cpp.Llama(str(copy), n_ctx=1024, n_threads=THREADS, flash_attn=True,
+                          n_ubatch=UBATCH, verbose=False)
+    want = [list(itertools.islice(llm.generate(p, temp=0.0, reset=True), MAX_NEW))
+            for p in ids[:2]]
+    llm.close()
+    for i, p in enumerate(ids[:2]):
+        res = run_to_completion(default, {0: [(f"q{i}", p, greedy())]})
+        assert tokens(res, f"q{i}") == want[i], f"prompt {i}"
 
 
 def test_greedy_staggered_and_n2_match(engine, ids, reference):
@@ -234,7 +260,7 @@ def test_prompt_logprobs_are_llama_cpps_own(engine, ids):
 
     prompt = ids[2] + ids[4]
     llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS, flash_attn=True,
-                          n_ubatch=MAX_UBATCH, logits_all=True, verbose=False)
+                          n_ubatch=INVARIANT_UBATCH, logits_all=True, verbose=False)
     llm.eval(prompt)
     scores = np.asarray(llm.scores[:len(prompt) - 1], dtype=np.float64)
     llm.close()
@@ -332,7 +358,8 @@ def test_a_short_request_during_a_long_prefill_gets_its_token_next_step_output_u
 def test_short_ttft_while_a_long_prompt_prefills_is_within_two_steps_of_idle(engine):
     short_ids = prompt_of(engine.tokenizer, 16, "Hello there, how are you today? ")
     # a long prompt this engine has not seen: the one above is in its prefix cache now
-    long_ids = prompt_of(engine.tokenizer, LONG_PROMPT, "Rivers carry sand and stones from the hills down to the sea. ")
+    long_ids = prompt_of(engine.tokenizer, LONG_PROMPT,
+                         "Rivers carry sand and stones from the hills down to the sea. ")
     t = time_short_during_long_prefill(engine, long_ids, short_ids)
     assert t.short_first, "the short request's first token came after the long prompt's"
     # waits out the step it arrives in, then one step with a chunk; x1.5 for the noise

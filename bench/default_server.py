@@ -1,0 +1,240 @@
+"""The default server (``genserve serve --model default``, no other flag) against HF
+``generate`` and llama.cpp's own ``Llama.generate``, on the rows a user meets first
+(issue 28: the default must not lose on any of them):
+
+- batch 1 (one gRPC client, one request at a time) vs ``Llama.generate`` on the file the
+  server runs (same attention kernel, both processes alive, rounds interleaved) and vs HF
+  ``generate`` fp32;
+- 32 concurrent streaming gRPC clients vs HF static batch 32;
+- time to first token of a 1,024- and a 3,000-token prompt vs HF (a new prompt each
+  round: no prefix cache hit);
+- the first minute after SERVING vs steady state, at batch 1, each as its ratio to
+  ``Llama.generate`` in the same rounds (so the machine's drift cancels).
+
+Ratios are ``paired_ratio``s (median over rounds of the two runs of one round).
+``python -m bench.default_server [--quick]``; ``make bench`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import signal
+import statistics
+import subprocess
+import time
+
+import grpc
+
+from bench.llamacpp import gguf_path, llama_generate
+from bench.measure import (
+    RESULTS,
+    Row,
+    hf_sequential,
+    hf_static,
+    interleaved_runs,
+    median_run,
+    paired_ratio,
+    print_table,
+    prompts,
+)
+from bench.server import free_port, grpc_clients, start_server_process, wait_quiet
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.runners.select import llama_cpp_available
+from engine.runners.torch import stock_transformers
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.server import PRESTART_IDLE_S
+
+LONG_PROMPTS = (1024, 3000)
+TEXT = ("The committee reviewed the quarterly figures, noting that revenue in the northern "
+        "region rose while costs in logistics fell, and asked for a forecast of next year. ")
+
+
+def long_prompt(tokenizer, n: int, tag: int) -> list[int]:
+    """Exactly ``n`` tokens, its start unique to ``tag`` (no prefix-cache hit)."""
+    ids = tokenizer(f"Report {tag}: " + TEXT * (n // 25 + 2))["input_ids"]
+    assert len(ids) >= n
+    return ids[:n]
+
+
+def grpc_ttft(address: str, ids: list[int]) -> float:
+    """Seconds from sending a streaming request to its first token (channel open first)."""
+    with grpc.insecure_channel(address) as ch:
+        grpc.channel_ready_future(ch).result(timeout=60)
+        stub = pb_grpc.GenerationServiceStub(ch)
+        req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=ids),
+                                 stopping=pb.StoppingCriteria(max_new_tokens=1))
+        t0 = time.perf_counter()
+        for msg in stub.GenerateStream(pb.GenerateStreamRequest(request=req), timeout=600):
+            if msg.token_ids:
+                return time.perf_counter() - t0
+    raise AssertionError("the stream produced no token")
+
+
+def hf_ttft(engine: LLMEngine, ids: list[int]) -> float:
+    import torch
+
+    model = engine.runner.model  # type: ignore[attr-defined]
+    with torch.inference_mode(), stock_transformers(model):
+        t0 = time.perf_counter()
+        model.generate(torch.tensor([ids]), max_new_tokens=1, do_sample=False)
+        return time.perf_counter() - t0
+
+
+def model_info(address: str) -> pb.GetModelInfoResponse:
+    with grpc.insecure_channel(address) as ch:
+        return pb_grpc.GenerationServiceStub(ch).GetModelInfo(pb.GetModelInfoRequest(),
+                                                             timeout=60)
+
+
+def measure(model: str = "default", new: int = 64, quick: bool = False) -> dict:
+    n_seq = 2 if quick else 4
+    torch_engine = LLMEngine(EngineConfig(model=model, runner="torch",
+                                          kv_cache_memory=256 << 20))
+    tok = torch_engine.tokenizer
+    ids1 = [tok(p)["input_ids"] for p in prompts(n_seq)]
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    log_path = RESULTS / "server-default.log"
+    server = start_server_process(model, port, log_path, runner="auto", quiet=False,
+                                  extra=("--metrics-port", "0"))
+    serving_at = time.monotonic()
+    llm = None
+    try:
+        info = model_info(address)
+        if info.runner == "llamacpp" and llama_cpp_available():
+            import llama_cpp
+
+            from engine.runners.llamacpp import default_threads
+
+            threads = default_threads()
+            llm = llama_cpp.Llama(gguf_path(model), n_ctx=1024,
+                                  n_threads=threads, n_threads_batch=threads,
+                                  flash_attn=True, verbose=False)
+
+        def b1_measures() -> dict:
+            m = {"grpc": lambda: grpc_clients(address, 1, n_seq, new)}
+            if llm is not None:
+                m["llama"] = lambda: llama_generate(llm, ids1, new)
+            return m
+
+        # The first minute: batch-1 rounds from SERVING on, as a user's first requests.
+        window = 15.0 if quick else 60.0
+        first: dict[str, list[Row]] = {}
+        while time.monotonic() - serving_at < window:
+            for name, rs in interleaved_runs(1, b1_measures()).items():
+                first.setdefault(name, []).append(rs[0])
+        # Steady state: background work (compile workers) done.
+        time.sleep(PRESTART_IDLE_S + 1.0)
+        wait_quiet(server.proc.pid)
+
+        def hf1() -> Row:
+            with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
+                return hf_sequential(torch_engine, n_seq, new)
+
+        runs1 = interleaved_runs(2 if quick else 3, {**b1_measures(), "hf": hf1})
+
+        def hf32() -> Row:
+            with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
+                return hf_static(torch_engine, 32, new)
+
+        runs32 = interleaved_runs(1 if quick else 3, {
+            "grpc": lambda: grpc_clients(address, 32, 1, new), "hf": hf32})
+        tags = itertools.count()
+        ttft: dict[int, dict[str, list[float]]] = {}
+        for n in LONG_PROMPTS[:1] if quick else LONG_PROMPTS:
+            got: dict[str, list[float]] = {"grpc": [], "hf": []}
+            for r in range(1 if quick else 3):
+                ids = long_prompt(tok, n, next(tags))
+                order = ("grpc", "hf") if r % 2 == 0 else ("hf", "grpc")
+                for name in order:
+                    got[name].append(grpc_ttft(address, ids) if name == "grpc"
+                                     else hf_ttft(torch_engine, ids))
+            ttft[n] = got
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+        if llm is not None:
+            llm.close()
+
+    rows: dict[str, dict] = {}
+    g1, hf1_row = median_run(runs1["grpc"]), median_run(runs1["hf"])
+    g1.name = f"gRPC default server ({info.runner}, {info.quantization}), batch 1"
+    g1.ratios = {"HF batch 1": paired_ratio(runs1["grpc"], runs1["hf"])}
+    steady_vs_llama = first_vs_llama = None
+    if "llama" in runs1:
+        steady_vs_llama = paired_ratio(runs1["grpc"], runs1["llama"])
+        first_vs_llama = paired_ratio(first["grpc"], first["llama"])
+        g1.ratios["Llama.generate batch 1"] = steady_vs_llama
+        rows["llama1"] = median_run(runs1["llama"]).__dict__
+    f1 = median_run(first["grpc"])
+    f1.name = f"gRPC default server, batch 1, first {window:.0f} s after SERVING"
+    f1.ratios = ({"steady state (each vs Llama.generate)": first_vs_llama / steady_vs_llama}
+                 if first_vs_llama and steady_vs_llama else
+                 {"steady state": f1.tok_s / g1.tok_s})
+    g32, hf32_row = median_run(runs32["grpc"]), median_run(runs32["hf"])
+    g32.name = "gRPC default server, 32 streaming clients"
+    g32.ratios = {"HF static 32": paired_ratio(runs32["grpc"], runs32["hf"])}
+    rows.update(hf1=hf1_row.__dict__, grpc1=g1.__dict__, first_minute=f1.__dict__,
+                hf32=hf32_row.__dict__, grpc32=g32.__dict__)
+    ttft_res = {str(n): {"grpc_s": statistics.median(v["grpc"]),
+                         "hf_s": statistics.median(v["hf"]),
+                         "ratio": statistics.median(a / b for a, b in zip(v["grpc"], v["hf"],
+                                                                          strict=True))}
+                for n, v in ttft.items()}
+    return {"runner": info.runner, "quantization": info.quantization, "new_tokens": new,
+            "first_minute_rounds": len(first["grpc"]), "rows": rows, "ttft": ttft_res,
+            "serving_s": server.serving_s}
+
+
+def report(res: dict) -> None:
+    print(f"\ndefault server ({res['runner']}, {res['quantization']}; "
+          f"SERVING after {res['serving_s']:.1f} s)")
+    print_table([Row(**r) for r in res["rows"].values()])
+    for n, t in res["ttft"].items():
+        print(f"  TTFT, {n}-token prompt: gRPC {t['grpc_s']:.2f} s, HF {t['hf_s']:.2f} s "
+              f"-> {t['ratio']:.2f}x HF (lower is better)")
+
+
+def targets(res: dict) -> dict[str, bool]:
+    rows = res["rows"]
+    out = {}
+    g1 = rows["grpc1"]["ratios"]
+    out[f"default b1 >= 4x HF b1 ({g1['HF batch 1']:.2f}x)"] = g1["HF batch 1"] >= 4.0
+    if "Llama.generate batch 1" in g1:
+        r = g1["Llama.generate batch 1"]
+        out[f"default b1 >= 0.95x Llama.generate ({r:.2f}x)"] = r >= 0.95
+    r = rows["grpc32"]["ratios"]["HF static 32"]
+    out[f"default 32 streaming clients >= 1.5x HF static 32 ({r:.2f}x)"] = r >= 1.5
+    for n, t in res["ttft"].items():
+        out[f"default TTFT {n} tokens <= 0.8x HF ({t['ratio']:.2f}x)"] = t["ratio"] <= 0.8
+    r = next(iter(rows["first_minute"]["ratios"].values()))
+    out[f"default first-minute b1 >= 0.9x steady ({r:.2f}x)"] = r >= 0.9
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    res = measure(args.model, args.new_tokens, args.quick)
+    report(res)
+    res["targets"] = targets(res)
+    for name, ok in res["targets"].items():
+        print(f"  [{'met' if ok else 'MISSED'}] {name}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "default_server.json").write_text(json.dumps(res, indent=2))
+    print(f"\nwrote {RESULTS / 'default_server.json'}")
+
+
+if __name__ == "__main__":
+    main()

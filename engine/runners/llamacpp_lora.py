@@ -1,0 +1,194 @@
+"""LoRA adapters on llama.cpp: PEFT adapters written as llama.cpp adapter GGUFs, loaded
+into numbered slots, and the one a step runs set on the context.
+
+Why a conversion: llama.cpp loads LoRA only from a GGUF (``general.type = adapter``,
+``adapter.type = lora``, tensors ``<base tensor>.lora_a`` / ``.lora_b``), while adapters
+come as PEFT directories (read and checked by ``engine.adapters``). The conversion follows
+llama.cpp's ``convert_lora_to_gguf.py``:
+
+- a PEFT module name maps to the base GGUF's tensor name through gguf-py's name map of the
+  model's architecture (``model.layers.3.self_attn.q_proj`` -> ``blk.3.attn_q.weight``);
+- ``lora_A`` ``[r, in]`` and ``lora_B`` ``[out, r]`` are written as they are (ggml's
+  ``ne`` order reverses them to the base weight's ``[in, out]``), except that a model
+  llama.cpp runs with interleaved ("normal") RoPE had the rows of its q/k weights permuted
+  by the base converter, so ``lora_B`` of q/k gets the same row permutation;
+- PEFT's scaling is already folded into ``lora_B`` (``LoraWeights.b``), and
+  ``adapter.lora.alpha`` is 0, which llama.cpp reads as "scale 1".
+
+What llama.cpp checks at load (a tensor the base model lacks, a shape that does not fit)
+comes back as its error text in an ``AdapterError``; what it cannot check (a PEFT module
+with no GGUF name) is refused before.
+
+Why steps run one adapter: llama.cpp applies adapters per context (``llama_set_adapters_lora``
+sets the context's one list, which every token of the next ``llama_decode`` runs through),
+not per sequence; so the scheduler gives this runner steps whose rows share one adapter
+slot (``Runner.supports_mixed_adapters``), and ``AdapterSlots.activate`` sets that slot's
+adapter before the step's decode. A sequence's KV cells keep what its own adapter computed:
+llama.cpp never clears or recomputes the cache when adapters change.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.adapters import AdapterError, LoraAdapter
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    """What the conversion needs of the loaded GGUF."""
+
+    arch: str  # general.architecture
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    permuted_qk: bool  # llama.cpp runs it with interleaved RoPE: q/k rows were permuted
+
+
+def tensor_names(adapter: LoraAdapter, base: BaseModel) -> dict[str, str]:
+    """Each adapted module's base tensor in the GGUF ("blk.0.attn_q.weight")."""
+    import gguf
+
+    arch = {name: a for a, name in gguf.MODEL_ARCH_NAMES.items()}.get(base.arch)
+    if arch is None:
+        raise AdapterError(adapter.adapter_id, f"the llamacpp runner has no tensor names for "
+                           f"architecture {base.arch!r}")
+    names = gguf.get_tensor_name_map(arch, base.n_layer)
+    out = {}
+    for module in sorted(adapter.weights):
+        name = names.get_name(module)
+        if name is None:
+            raise AdapterError(adapter.adapter_id, f"target module {module!r} is not in this "
+                               f"{base.arch} model ({base.n_layer} layers)")
+        out[module] = name + ".weight"
+    return out
+
+
+def adapter_tensors(adapter: LoraAdapter, base: BaseModel) -> dict[str, np.ndarray]:
+    """GGUF tensor name -> float32 data of each ``lora_a`` / ``lora_b``."""
+    out: dict[str, np.ndarray] = {}
+    for module, name in tensor_names(adapter, base).items():
+        w = adapter.weights[module]
+        a, b = w.a.numpy(), w.b.numpy()
+        if base.permuted_qk and module.endswith(("q_proj", "k_proj")):
+            heads = base.n_head if module.endswith("q_proj") else base.n_head_kv
+            if b.shape[0] % (2 * heads):
+                raise AdapterError(adapter.adapter_id, f"module {module!r}: lora_B has "
+                                   f"{b.shape[0]} rows, not {heads} heads of even size")
+            b = _permute_for_rope(b, heads)
+        out[name + ".lora_a"] = np.ascontiguousarray(a, dtype=np.float32)
+        out[name + ".lora_b"] = np.ascontiguousarray(b, dtype=np.float32)
+    return out
+
+
+def _permute_for_rope(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Rows of each head from HF's rotate-half order to llama.cpp's interleaved pairs (the
+    base converter's ``LlamaModel.permute``)."""
+    return (weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def write_adapter_gguf(path: Path, arch: str, tensors: dict[str, np.ndarray]) -> None:
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 0.0)  # PEFT's scaling is in lora_b
+    for name, data in tensors.items():
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+class AdapterSlots:
+    """The llama.cpp adapters of a model by slot, and which one its context runs.
+
+    ``load`` runs on the registry's thread while steps run on the engine's: it only adds
+    an adapter; the one it replaces is freed by the engine thread once the context no
+    longer has it set (``activate``). Loading and freeing both change the model's own set
+    of adapters (freeing the model frees what it still holds), hence one lock for them."""
+
+    def __init__(self, llama_cpp: Any, model: Any, ctx: Any, base: BaseModel) -> None:
+        self.lc = llama_cpp
+        self.model = model
+        self.ctx = ctx
+        self.base = base
+        self._lock = threading.Lock()  # the slot table
+        self._model_lock = threading.Lock()  # the model's adapter set: init and free
+        self._by_slot: dict[int, Any] = {}
+        self._retired: list[Any] = []
+        self._active: Any = None  # the adapter set on the context (None: the base model)
+
+    def load(self, slot: int, adapter: LoraAdapter) -> None:
+        from engine.runners.llamacpp import llama_errors
+
+        tensors = adapter_tensors(adapter, self.base)
+        fd, tmp = tempfile.mkstemp(prefix="genserve-lora-", suffix=".gguf")
+        os.close(fd)
+        try:
+            write_adapter_gguf(Path(tmp), self.base.arch, tensors)
+            with self._model_lock, llama_errors(self.lc) as errors:
+                ptr = self.lc.llama_adapter_lora_init(self.model, tmp.encode())
+        finally:
+            os.unlink(tmp)  # llama.cpp copied the tensors into its own buffers
+        if not ptr:
+            modules = {name: m for m, name in tensor_names(adapter, self.base).items()}
+            raise AdapterError(adapter.adapter_id, _reason(errors, modules))
+        with self._lock:
+            old = self._by_slot.get(slot)
+            self._by_slot[slot] = ptr
+            if old is not None:
+                self._retired.append(old)
+
+    def activate(self, slot: int) -> None:
+        """Set ``slot``'s adapter on the context (0: none), on the engine thread, before
+        the step's ``llama_decode``; then free the adapters slots no longer hold."""
+        with self._lock:
+            ptr = self._by_slot[slot] if slot else None
+            retired, self._retired = self._retired, []
+        if ptr is not self._active:
+            if ptr is None:
+                rc = self.lc.llama_set_adapters_lora(self.ctx, None, 0, None)
+            else:
+                rc = self.lc.llama_set_adapters_lora(
+                    self.ctx, (self.lc.llama_adapter_lora_p_ctypes * 1)(ptr), 1,
+                    (ctypes.c_float * 1)(1.0))
+            if rc != 0:
+                raise RuntimeError(f"llama_set_adapters_lora failed ({rc}) for slot {slot}")
+            self._active = ptr
+        if retired:
+            with self._model_lock:
+                for old in retired:
+                    self.lc.llama_adapter_lora_free(old)
+
+    def free(self) -> None:
+        """Free every adapter before the model (freeing the model frees those it still
+        holds: freeing one after it would free it twice)."""
+        with self._lock:
+            held = [*self._by_slot.values(), *self._retired]
+            self._by_slot, self._retired = {}, []
+        with self._model_lock:
+            for ptr in held:
+                self.lc.llama_adapter_lora_free(ptr)
+
+
+def _reason(errors: list[str], modules: dict[str, str]) -> str:
+    """llama.cpp's error without its prefix ("llama_adapter_lora_init_impl: failed to
+    apply lora adapter: tensor 'blk.0.attn_q.weight' has incorrect shape ..."), each GGUF
+    tensor it names followed by the PEFT module (``modules``: GGUF name -> module)."""
+    line = next((e for e in reversed(errors) if "lora" in e), errors[-1] if errors else "")
+    reason = line.split(": ", 2)[-1] or "no reason given"
+    for name, module in modules.items():
+        reason = reason.replace(f"'{name}'", f"'{name}' (module '{module}')")
+    return "llama.cpp refused it: " + reason

@@ -1,0 +1,50 @@
+"""Tiny random PEFT LoRA adapters for the tiny test model, and transformers references
+with the LoRA merged into the weights (peft is a test dependency only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# Two adapters over different layers and ranks (a2 with rslora scaling), so a mixed batch
+# exercises slots that target different modules.
+ADAPTERS = {
+    "a1": dict(seed=1, targets=["q_proj", "v_proj", "down_proj"], rank=4),
+    "a2": dict(seed=2, targets=["k_proj", "o_proj", "gate_proj", "up_proj"], rank=8,
+               rslora=True),
+}
+
+
+def save_lora(model_dir: Path, directory: Path, *, seed: int, targets: list[str],
+              rank: int = 4, rslora: bool = False) -> Path:
+    """A PEFT LoRA adapter of ``model_dir`` with random A and B (B is zero in a fresh
+    adapter: it would change nothing), saved to ``directory``."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(seed)
+    peft_model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank,
+                                                 target_modules=targets, use_rslora=rslora,
+                                                 init_lora_weights=False))
+    peft_model.save_pretrained(directory)
+    return directory
+
+
+def merged_model(model_dir: Path, adapter_dir: Path | None):
+    """transformers' model with the adapter merged into its weights (None: the base)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter_dir is None:
+        return model
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+
+
+def hf_greedy(model, ids: list[int], new: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new, min_new_tokens=new,
+                         do_sample=False)
+    return out[0, len(ids):].tolist()

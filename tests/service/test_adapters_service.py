@@ -1,0 +1,162 @@
+"""LoRA adapters over gRPC: ``GenerateRequest.adapter_id`` and TGIS ``adapter_id`` run the
+named adapter (greedy tokens equal transformers with the LoRA merged), batches mix
+adapters, GetModelInfo lists the resident ones, and every bad adapter is INVALID_ARGUMENT
+naming the id and the reason while the server goes on serving everyone else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import grpc
+import pytest
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from fmaas import generation_pb2 as tgis
+from fmaas import generation_pb2_grpc as tgis_grpc
+from genserve.v1 import generation_pb2 as pb
+from genserve.v1 import generation_pb2_grpc as pb_grpc
+from service.validation import ServiceLimits
+from tests.lora_adapters import hf_greedy, merged_model
+from tests.service.conftest import start_server, stop_server
+
+NEW = 6
+PROMPT_IDS = [1, 2, 3, 40, 50, 60, 70]
+TEXT = "The quick brown fox"
+Code = grpc.StatusCode
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, lora_cache):
+    """a1, a2, and broken adapters: corrupt weights, a rank over the limit, not LoRA."""
+    root = tmp_path_factory.mktemp("service-adapters") / "cache"
+    shutil.copytree(lora_cache, root)
+    shutil.copytree(root / "a1", root / "corrupt")
+    (root / "corrupt" / "adapter_model.safetensors").write_bytes(b"not safetensors")
+    for name, change in (("rank64", {"r": 64}), ("ia3", {"peft_type": "IA3"})):
+        shutil.copytree(root / "a1", root / name)
+        cfg = json.loads((root / name / "adapter_config.json").read_text())
+        (root / name / "adapter_config.json").write_text(json.dumps({**cfg, **change}))
+    return root
+
+
+BAD = [("nope", "unknown adapter"), ("../a1", "not a valid adapter id"),
+       ("corrupt", "not a readable safetensors file"),
+       ("rank64", "rank 64 exceeds the server's limit 16 (--max-lora-rank)"),
+       ("ia3", "unsupported PEFT type 'IA3'")]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, cache, structured_outputs):
+    engine = AsyncEngine.from_config(EngineConfig(
+        model=str(tiny_model_dir), max_model_len=128, adapter_cache=str(cache), max_loras=2,
+        enforce_eager=True))
+    running, _ = start_server(engine, ServiceLimits(max_batch_size=8),
+                              structured_outputs=structured_outputs)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    with grpc.insecure_channel(server.address) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def references(tiny_model_dir, lora_cache) -> dict[str, list[int]]:
+    return {a: hf_greedy(merged_model(tiny_model_dir, lora_cache / a if a else None),
+                         PROMPT_IDS, NEW) for a in ("", "a1", "a2")}
+
+
+def native_request(adapter_id: str) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=PROMPT_IDS),
+                              adapter_id=adapter_id,
+                              stopping=pb.StoppingCriteria(max_new_tokens=NEW,
+                                                           min_new_tokens=NEW),
+                              output=pb.OutputOptions(return_token_ids=True))
+
+
+def tgis_params() -> tgis.Parameters:
+    return tgis.Parameters(stopping=tgis.StoppingCriteria(max_new_tokens=NEW,
+                                                          min_new_tokens=NEW))
+
+
+def test_native_adapter_id_runs_the_adapter_alone_and_in_a_mixed_batch(channel, references):
+    stub = pb_grpc.GenerationServiceStub(channel)
+    for a, ref in references.items():
+        assert list(stub.Generate(native_request(a), timeout=60).completions[0].token_ids) == ref
+    batch = stub.GenerateBatch(pb.GenerateBatchRequest(requests=[
+        native_request(a) for a in ("a2", "nope", "", "a1")]), timeout=60)
+    got = [list(r.response.completions[0].token_ids) if r.HasField("response") else
+           (r.error.code, r.error.message) for r in batch.results]
+    assert got == [references["a2"], (Code.INVALID_ARGUMENT.value[0], "adapter_id: adapter "
+                   "'nope': unknown adapter (no directory 'nope' in the adapter cache)"),
+                   references[""], references["a1"]]
+
+
+def test_tgis_adapter_id_generate_and_stream(channel):
+    fm = tgis_grpc.GenerationServiceStub(channel)
+    native = pb_grpc.GenerationServiceStub(channel)
+
+    def native_text(a: str) -> str:
+        req = pb.GenerateRequest(prompt=TEXT, adapter_id=a, stopping=pb.StoppingCriteria(
+            max_new_tokens=NEW, min_new_tokens=NEW))
+        return native.Generate(req, timeout=60).completions[0].text
+
+    texts = {a: native_text(a) for a in ("", "a1", "a2")}
+    assert len(set(texts.values())) == 3
+    got = fm.Generate(tgis.BatchedGenerationRequest(
+        adapter_id="a2", params=tgis_params(),
+        requests=[tgis.GenerationRequest(text=TEXT)] * 2), timeout=60)
+    assert [r.text for r in got.responses] == [texts["a2"]] * 2
+    streamed = fm.GenerateStream(tgis.SingleGenerationRequest(
+        adapter_id="a1", params=tgis_params(), request=tgis.GenerationRequest(text=TEXT)),
+        timeout=60)
+    assert "".join(m.text for m in streamed) == texts["a1"]
+
+
+def test_structured_output_with_an_adapter(channel):
+    stub = pb_grpc.GenerationServiceStub(channel)
+    choices = ["red", "green", "blue"]
+    for a in ("a1", "a2"):
+        resp = stub.Generate(pb.GenerateRequest(
+            prompt=TEXT, adapter_id=a, stopping=pb.StoppingCriteria(max_new_tokens=8),
+            structured_output=pb.StructuredOutput(choice=pb.ChoiceList(choices=choices))),
+            timeout=60)
+        assert resp.completions[0].text in choices
+
+
+@pytest.mark.parametrize(("adapter_id", "reason"), BAD, ids=[r for _, r in BAD])
+def test_a_bad_adapter_is_invalid_argument_and_the_server_keeps_serving(
+        channel, references, adapter_id, reason):
+    native = pb_grpc.GenerationServiceStub(channel)
+    fm = tgis_grpc.GenerationServiceStub(channel)
+    calls = [lambda: native.Generate(native_request(adapter_id), timeout=60),
+             lambda: list(native.GenerateStream(pb.GenerateStreamRequest(
+                 request=native_request(adapter_id)), timeout=60)),
+             lambda: fm.Generate(tgis.BatchedGenerationRequest(
+                 adapter_id=adapter_id, params=tgis_params(),
+                 requests=[tgis.GenerationRequest(text=TEXT)]), timeout=60)]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == Code.INVALID_ARGUMENT
+        assert e.value.details().startswith(f"adapter_id: adapter {adapter_id!r}: ")
+        assert reason in e.value.details()
+    ok = native.Generate(native_request("a1"), timeout=60)
+    assert list(ok.completions[0].token_ids) == references["a1"]
+
+
+def test_model_info_lists_resident_adapters(channel):
+    stub = pb_grpc.GenerationServiceStub(channel)
+    stub.Generate(native_request("a1"), timeout=60)
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.max_loras == 2
+    a1 = next(a for a in info.adapters if a.adapter_id == "a1")
+    assert (a1.rank, list(a1.target_modules), a1.active_requests) == (
+        4, ["down_proj", "q_proj", "v_proj"], 0)
+    assert a1.load_seconds > 0
+    assert len(info.adapters) <= 2 and not {"nope", "corrupt"} & {
+        a.adapter_id for a in info.adapters}
