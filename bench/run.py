@@ -26,6 +26,7 @@ from bench import (
     adapters,
     compiled,
     default_server,
+    prefix,
     processors,
     spec,
     structured,
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer requests (smoke run)")
     ap.add_argument("--skip-llamacpp", action="store_true",
                     help="leave out the llama.cpp runner's rows (bench/llamacpp.py)")
+    ap.add_argument("--skip-prefix", action="store_true",
+                    help="leave out the prefix-caching rows (bench/prefix.py)")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     new = args.new_tokens
@@ -142,6 +145,12 @@ def main(argv: list[str] | None = None) -> None:
         del engine, runner
         gc.collect()
         llamacpp_res = llamacpp.measure(args.model, new, args.quick)
+    prefix_res = None
+    if not args.skip_prefix:  # caching on vs off, each runner, two servers at a time
+        gc.collect()
+        prefix_res = prefix.measure(args.model, args.quick, (
+            "llamacpp", "torch") if llama_cpp_available() and not args.skip_llamacpp else (
+            "torch",))
     gc.collect()
     tp_res = tensor_parallel.measure(args.model, (1,) if args.quick else (1, 8),
                                      reps=2 if args.quick else 3)
@@ -170,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     default_server.report(default_res)
     if llamacpp_res is not None:
         llamacpp.report(llamacpp_res)
+    if prefix_res is not None:
+        prefix.report(prefix_res)
     tensor_parallel.report(tp_res)
     targets = {
         "gRPC batch-1 decode >= 1.5x HF batch 1": g1.tok_s / hf1.tok_s >= 1.5,
@@ -186,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         **adapters.targets(adapters_res),
         **default_server.targets(default_res),
         **(llamacpp.targets(llamacpp_res) if llamacpp_res is not None else {}),
+        **(prefix.targets(prefix_res) if prefix_res is not None else {}),
     }
     print()
     for name, ok in targets.items():
@@ -199,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
            "structured_coverage_quick": {k: coverage[k] for k in ("summaries", "targets",
                                                                   "schemas_n", "limit_s")},
            "targets": targets, "torch_threads": torch.get_num_threads(),
-           "llamacpp": llamacpp_res, "default_server": default_res}
+           "llamacpp": llamacpp_res, "default_server": default_res,
+           "prefix_caching": prefix_res}
     (RESULTS / "serving.json").write_text(json.dumps(out, indent=2))
     plot(rows, RESULTS / "serving.png")
     print(f"\nwrote {RESULTS / 'serving.json'} and serving.png")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -35,6 +37,26 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
                            digest_size=16).digest()
 
 
+class BlockKeeper(Protocol):
+    """A runner whose KV lives outside the scheduler's block table (llama.cpp keeps it in
+    its own cells) keeps a cached block's KV alive from the moment the scheduler caches it
+    until the allocator evicts it, and so can hand it to a later sequence."""
+
+    # Most cached blocks no sequence holds that it keeps (the least recently used beyond
+    # are evicted): llama.cpp's attention walks every cell up to the highest one in use,
+    # so kept cells cost each step of every sequence.
+    max_idle_blocks: int
+
+    def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
+        """Keep the KV of ``block_table[index]``, computed by sequence ``seq_id``; False
+        when it cannot (the block then stays private: not findable)."""
+        ...
+
+    def evict(self, block: int) -> None:
+        """The allocator dropped ``block``'s content: its KV may go."""
+        ...
+
+
 @dataclass
 class PrefixCacheStats:
     """Cumulative, in vLLM's units: prompt tokens looked up and tokens found cached."""
@@ -48,9 +70,15 @@ class BlockAllocator:
     use. Freed blocks whose content is known (hashed) wait, least recently used first, to
     be found again or evicted."""
 
-    def __init__(self, num_blocks: int, caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, caching: bool = False,
+                 on_evict: Callable[[int], None] | None = None,
+                 max_evictable: int | None = None) -> None:
+        """``on_evict``: told each time a cached block's content is dropped;
+        ``max_evictable``: most cached blocks nobody holds (None: all free blocks)."""
         self.num_blocks = num_blocks
         self.caching = caching
+        self.on_evict = on_evict
+        self.max_evictable = max_evictable
         self._free = list(range(num_blocks - 1, -1, -1))  # never used or content dropped
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
@@ -73,15 +101,22 @@ class BlockAllocator:
         nobody holds are evicted, least recently used first, when the free list is short."""
         if n > len(self._free) + len(self._evictable):
             return None
-        taken = self._free[len(self._free) - n:]
-        del self._free[len(self._free) - n:]
+        cut = max(0, len(self._free) - n)  # (a negative start would slice from the end)
+        taken = self._free[cut:]
+        del self._free[cut:]
         while len(taken) < n:
-            block, _ = self._evictable.popitem(last=False)
-            del self._by_hash[self._hash_of.pop(block)]
-            taken.append(block)
+            taken.append(self._evict())
         for b in taken:
             self._refs[b] = 1
         return taken
+
+    def _evict(self) -> int:
+        """The least recently used cached block nobody holds, its content dropped."""
+        block, _ = self._evictable.popitem(last=False)
+        del self._by_hash[self._hash_of.pop(block)]
+        if self.on_evict is not None:
+            self.on_evict(block)
+        return block
 
     def free(self, blocks: list[int]) -> None:
         """Drop one reference to each block (and empty ``blocks``)."""
@@ -93,6 +128,9 @@ class BlockAllocator:
                 else:
                     self._free.append(b)
         blocks.clear()
+        if self.max_evictable is not None:
+            while len(self._evictable) > self.max_evictable:
+                self._free.append(self._evict())
 
     def lookup(self, hashes: list[bytes], block_size: int, num_tokens: int) -> list[int]:
         """The cached blocks of the longest run of ``hashes`` (the full blocks of a prompt of
@@ -111,10 +149,18 @@ class BlockAllocator:
         self.stats.hits += len(found) * block_size
         return found
 
-    def cache(self, block: int, h: bytes) -> None:
-        """``block`` now holds the full block identified by ``h``. A block with the same
-        content cached already keeps its place (this one stays private)."""
+    def cache(self, block: int, h: bytes) -> bool:
+        """``block`` now holds the full block identified by ``h``; False when it stays
+        private (a block with the same content is cached already and keeps its place)."""
         if h in self._by_hash or block in self._hash_of:
-            return
+            return False
         self._by_hash[h] = block
         self._hash_of[block] = h
+        return True
+
+    def uncache(self, block: int) -> None:
+        """Forget a held block's content (its runner could not keep its KV): private again,
+        freed as any other when its holders let go."""
+        h = self._hash_of.pop(block, None)
+        if h is not None:
+            del self._by_hash[h]

@@ -79,6 +79,7 @@ class LLMEngine:
                                        config, self.runner),
                                    max_long_partial_prefills=config.max_long_partial_prefills,
                                    prefix_caching=caching,
+                                   keeper=self.runner.block_keeper,
                                    mixed_adapters=self.runner.supports_mixed_adapters
                                    or not config.adapter_cache)
         self.info.prefix_caching = caching

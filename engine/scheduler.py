@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kv_cache import BlockAllocator, block_hash
+from engine.kv_cache import BlockAllocator, BlockKeeper, block_hash
 from engine.sequence import SeqStatus, Sequence
 
 
@@ -56,17 +56,23 @@ class Scheduler:
                  on_free: Callable[[Sequence], None] | None = None,
                  long_prefill_token_threshold: int = 0,
                  max_long_partial_prefills: int = 1,
-                 prefix_caching: bool = False, mixed_adapters: bool = True,
-                 adapter_turn_steps: int = 4) -> None:
+                 prefix_caching: bool = False, keeper: BlockKeeper | None = None,
+                 mixed_adapters: bool = True, adapter_turn_steps: int = 4) -> None:
         """``on_free``: told each time a sequence's blocks are freed (finish, abort,
         preemption), for a runner that keeps state of its own per sequence.
+        ``keeper``: with prefix caching, a runner whose KV lives outside the block table
+        (llama.cpp) keeps each cached block's KV until it is evicted.
         ``long_prefill_token_threshold``: 0 = a prefill may take the whole budget (and
         no prompt counts as long)."""
         if long_prefill_token_threshold < 0 or max_long_partial_prefills < 1:
             raise ValueError("long_prefill_token_threshold must be >= 0 and "
                              "max_long_partial_prefills >= 1")
         self.on_free = on_free
-        self.allocator = BlockAllocator(num_blocks, caching=prefix_caching)
+        self.keeper = keeper if prefix_caching else None
+        self.allocator = BlockAllocator(
+            num_blocks, caching=prefix_caching,
+            on_evict=self.keeper.evict if self.keeper else None,
+            max_evictable=self.keeper.max_idle_blocks if self.keeper else None)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -135,7 +141,10 @@ class Scheduler:
             return
         self._hash_blocks(seq, full * self.block_size)
         for i in range(seq.num_cached_blocks, full):
-            self.allocator.cache(seq.block_table[i], seq.block_hashes[i])
+            block = seq.block_table[i]
+            if (self.allocator.cache(block, seq.block_hashes[i]) and self.keeper is not None
+                    and not self.keeper.keep(seq.seq_id, seq.block_table, i)):
+                self.allocator.uncache(block)
         seq.num_cached_blocks = full
 
     def _use_cached(self, seq: Sequence) -> None:

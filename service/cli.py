@@ -75,7 +75,7 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--block-size", "block_size", positive_int, "tokens per KV block"),
     ("--enable-prefix-caching", "enable_prefix_caching", bool,
      "reuse the KV blocks of prompt prefixes seen before (shared system prompts, chat "
-     "histories, n > 1 samples); torch runner (the llama.cpp runner has none)"),
+     "histories, n > 1 samples); both runners"),
     ("--revision", "revision", str, "a hub id's branch, tag or commit (default: main)"),
     ("--trust-remote-code", "trust_remote_code", bool,
      "run a model's own Python code (auto_map in its config.json); off by default"),

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from engine.kv_cache import BlockKeeper
+
 if TYPE_CHECKING:
     from engine.adapters import LoraAdapter
 
@@ -93,6 +95,9 @@ class Runner(Protocol):
     max_rows_per_seq: int
     # Block tables may share blocks between sequences (the scheduler's prefix caching)
     supports_prefix_caching: bool
+    # Keeps cached blocks' KV when it lives outside the block table (llama.cpp); None when
+    # the block table is the KV (torch)
+    block_keeper: BlockKeeper | None
     # LoRA adapter slots 1..max_loras that rows may name (``adapter_slot``); 0 = this
     # runner serves no adapters (the registry refuses them, naming the runner)
     max_loras: int

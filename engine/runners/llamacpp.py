@@ -20,6 +20,9 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
   sequence id in the batch: llama.cpp masks them causally, exactly the multi-token query.
 - Logits are asked for only on the rows the contract returns; they are read with one
   numpy view of llama.cpp's output buffer per ``llama_decode``.
+- Prefix caching: the cells of the scheduler's cached blocks live on in keeper sequence
+  ids beyond the running ones (engine/runners/llamacpp_prefix.py); a sequence that starts
+  from cached blocks gets their cells with ``llama_memory_seq_cp`` before its first chunk.
 - LoRA adapters apply per context, not per sequence: a step holds the rows of one adapter
   slot (``supports_mixed_adapters = False``; the scheduler groups steps), whose adapter is
   set on the context before its decode (``engine/runners/llamacpp_lora.py``).
@@ -42,6 +45,7 @@ import torch
 
 from engine.adapters import LoraAdapter
 from engine.config import EngineConfig
+from engine.kv_cache import BlockKeeper
 from engine.loading.model_loader import (
     ModelSource,
     hf_source,
@@ -57,6 +61,7 @@ from engine.runners.base import (
     config_eos_ids,
 )
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
+from engine.runners.llamacpp_prefix import CellKeeper
 from engine.runners.requantize import requantize, target_format
 
 log = logging.getLogger(__name__)
@@ -190,10 +195,9 @@ class BatchArrays:
 
 class LlamaCppRunner:
     name = "llamacpp"
-    # llama.cpp keeps each sequence's KV in its own cells, not in the scheduler's block
-    # table: sharing a prompt's cells between sequences (llama_memory_seq_cp) is not wired
-    # up, so prefix caching is off on this runner.
-    supports_prefix_caching = False
+    # Cached blocks' cells are kept in keeper sequence ids and shared with seq_cp
+    # (block_keeper); False on an instance with no sequence id left for keepers.
+    supports_prefix_caching = True
     # llama.cpp sets adapters on the context, for every row of a decode: one per step
     supports_mixed_adapters = False
     failure: str | None = None  # one process: nothing else can fail under it
@@ -269,7 +273,12 @@ class LlamaCppRunner:
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = min(self.n_batch, INVARIANT_UBATCH if config.batch_invariant
                                else UBATCH)
-        cparams.n_seq_max = config.max_num_seqs
+        # Prefix caching: the sequence ids past the running ones keep cached cells.
+        # llama.cpp reserves an output row per sequence id within min(n_ctx, n_batch)
+        # (it aborts otherwise), so that bounds the ids too.
+        n_seq_max = min(LLAMA_MAX_SEQ, cparams.n_ctx, cparams.n_batch)
+        caching = config.enable_prefix_caching and n_seq_max > config.max_num_seqs
+        cparams.n_seq_max = n_seq_max if caching else config.max_num_seqs
         cparams.kv_unified = True
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.no_perf = True
@@ -284,6 +293,18 @@ class LlamaCppRunner:
         self._slot_of: dict[int, int] = {}  # engine seq id -> llama.cpp seq id
         self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
         self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
+        self.supports_prefix_caching = caching
+        self._kept = CellKeeper(
+            llama_cpp, self.memory, config.block_size,
+            range(config.max_num_seqs, n_seq_max), self._slot_of.get) if caching else None
+        self.block_keeper: BlockKeeper | None = self._kept
+        if caching:
+            log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "
+                     "sequence ids", n_seq_max - config.max_num_seqs)
+        elif config.enable_prefix_caching:
+            log.info("llama.cpp runner: prefix caching needs a sequence id beyond the %d "
+                     "running ones; this context allows %d (min of 256, n_ctx, n_batch)",
+                     config.max_num_seqs, n_seq_max)
 
         self._row_cost: float | None = None  # timed on first use (row_cost)
         self.max_loras = config.max_loras if config.adapter_cache else 0
@@ -491,8 +512,9 @@ class LlamaCppRunner:
         self._cached[slot] = 0
         self._free_slots.append(slot)
 
-    def _slot(self, seq_id: int, first_pos: int) -> int:
-        """The llama.cpp sequence of ``seq_id``, its cells trimmed to ``first_pos``."""
+    def _slot(self, seq_id: int, first_pos: int, block_table: list[int] | None = None) -> int:
+        """The llama.cpp sequence of ``seq_id``, its cells trimmed to ``first_pos``; a new
+        one that starts after cached blocks gets their cells first."""
         if seq_id < 0:
             raise ValueError("the llama.cpp runner needs each row's seq_id")
         slot = self._slot_of.get(seq_id)
@@ -500,6 +522,9 @@ class LlamaCppRunner:
             if not self._free_slots:
                 raise RuntimeError(f"more than {self.config.max_num_seqs} sequences hold KV")
             slot = self._slot_of[seq_id] = self._free_slots.pop()
+            if first_pos and self._kept is not None and block_table is not None:
+                self._kept.share(block_table[:first_pos // self.block_size], slot)
+                self._cached[slot] = first_pos
         if first_pos < self._cached[slot]:
             self.llama_cpp.llama_memory_seq_rm(self.memory, slot, first_pos, -1)
         elif first_pos > self._cached[slot]:
@@ -531,7 +556,7 @@ class LlamaCppRunner:
         for work in prefills:
             n = len(work.token_ids)
             start = len(tokens)
-            slot = self._slot(work.seq_id, work.start_pos)
+            slot = self._slot(work.seq_id, work.start_pos, work.block_table)
             tokens.extend(work.token_ids)
             positions.extend(range(work.start_pos, work.start_pos + n))
             slots.extend([slot] * n)

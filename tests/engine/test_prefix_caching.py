@@ -10,6 +10,8 @@ from engine.config import EngineConfig
 from engine.kv_cache import ROOT_HASH, BlockAllocator, block_hash
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Request, Sequence
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
 from tests.engine.test_engine import greedy, run_to_completion
@@ -68,6 +70,23 @@ def test_cached_blocks_nobody_holds_are_evicted_least_recently_used_first():
     got = alloc.allocate(2)
     assert got is not None and sorted(got) == sorted([blocks[0], blocks[2]])
     assert alloc.num_cached == 0
+
+
+def test_allocation_takes_every_free_block_before_evicting_a_cached_one():
+    alloc = BlockAllocator(4, caching=True)
+    alloc.free(cached_blocks(alloc, hashes(list(range(8)))))  # 2 cached, 2 never used
+    got = alloc.allocate(3)  # more than the free list holds: one eviction is enough
+    assert got is not None and len(set(got)) == 3
+    assert alloc.num_cached == 1 and alloc.num_used == 3
+
+
+def test_cached_blocks_nobody_holds_beyond_the_bound_are_evicted_when_freed():
+    evicted: list[int] = []
+    alloc = BlockAllocator(8, caching=True, on_evict=evicted.append, max_evictable=2)
+    blocks = cached_blocks(alloc, hashes(list(range(12))))
+    alloc.free(list(blocks))  # a chain is freed tail first: its tail goes first
+    assert evicted == [blocks[2]] and alloc.num_cached == 2
+    assert alloc.num_used == 0 and alloc.allocate(8) is not None  # all of them takeable
 
 
 def test_a_shared_block_survives_one_sharers_free():
@@ -198,12 +217,58 @@ def test_speculation_preemption_and_aborts_with_shared_blocks_change_no_output(
     assert outs[True] == outs[False]
 
 
-def test_the_llamacpp_runner_serves_with_prefix_caching_off(tiny_model_dir):
-    """Runners whose KV is not in the scheduler's blocks say so; the engine turns caching
-    off for them rather than share blocks they do not read."""
-    from engine.runners.llamacpp import LlamaCppRunner
-    from engine.runners.torch import ModelRunner
-
-    assert ModelRunner.supports_prefix_caching and not LlamaCppRunner.supports_prefix_caching
-    assert engine(tiny_model_dir).info.prefix_caching
+def test_the_flag_turns_caching_off_and_the_torch_runner_needs_no_keeper(tiny_model_dir):
+    eng = engine(tiny_model_dir)
+    assert eng.info.prefix_caching and eng.runner.block_keeper is None
     assert not engine(tiny_model_dir, caching=False).info.prefix_caching
+
+
+# ---- a runner that keeps cached blocks' KV itself (llama.cpp) --------------------------
+
+class RecordingKeeper:
+    """``BlockKeeper`` that records what the scheduler tells it; refuses some indices."""
+
+    max_idle_blocks = 4
+
+    def __init__(self, refuse: set[int]) -> None:
+        self.refuse = refuse
+        self.kept: list[int] = []
+        self.evicted: list[int] = []
+
+    def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
+        if index in self.refuse:
+            return False
+        self.kept.append(block_table[index])
+        return True
+
+    def evict(self, block: int) -> None:
+        self.evicted.append(block)
+
+
+def test_a_runners_keeper_hears_of_cached_and_evicted_blocks_and_one_it_refuses_stays_private():
+    keeper = RecordingKeeper(refuse={1})
+    sched = Scheduler(num_blocks=4, block_size=BLOCK, max_num_seqs=4,
+                      max_num_batched_tokens=64, prefix_caching=True, keeper=keeper)
+    prompt = list(range(13))  # three full blocks and one token
+
+    def admit(seq_id: int) -> Sequence:
+        seq = Sequence(seq_id, Request(f"r{seq_id}", prompt, SamplingParams()), 0, prompt,
+                       None)  # type: ignore[arg-type]
+        sched.add(seq)
+        (scheduled,) = sched.schedule()
+        seq.num_computed_tokens += scheduled.num_tokens
+        sched.cache_blocks(seq)
+        return seq
+
+    first = admit(0)
+    b = list(first.block_table)
+    assert keeper.kept == [b[0], b[2]]  # block 1 refused
+    sched.remove(first)
+    again = admit(1)
+    assert again.request.usage.cached_prompt_tokens == BLOCK  # block 1 was never findable
+    assert keeper.evicted == [b[2]]  # its room went to the new sequence's blocks
+    assert keeper.kept[2:] == [again.block_table[2]]
+    again_table = list(again.block_table)
+    sched.remove(again)
+    assert sched.allocator.allocate(4) is not None  # every block: the cached are evicted
+    assert sorted(keeper.evicted[1:]) == sorted([b[0], again_table[2]])

@@ -10,6 +10,7 @@ import torch
 
 from engine.adapters import AdapterError, LoraAdapter
 from engine.config import EngineConfig
+from engine.kv_cache import BlockKeeper
 from engine.loading.model_loader import (
     config_dtype,
     load_config,
@@ -49,6 +50,7 @@ class ModelRunner:
     # bandwidth bound (nine rows cost ~1.5 one-row steps), on CUDA far more so.
     row_cost = 0.0
     supports_prefix_caching = True  # attention reads each row's blocks through its table
+    block_keeper: BlockKeeper | None = None  # the block table is the KV: it keeps itself
     supports_mixed_adapters = True  # per-row LoRA (engine/runners/torch/lora.py)
 
     def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,

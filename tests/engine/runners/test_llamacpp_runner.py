@@ -355,9 +355,11 @@ def test_a_short_request_during_a_long_prefill_gets_its_token_next_step_output_u
     assert engine.scheduler.allocator.num_used == 0
 
 
-def test_short_ttft_while_a_long_prompt_prefills_is_within_two_steps_of_idle(
-        engine, long_ids):
+def test_short_ttft_while_a_long_prompt_prefills_is_within_two_steps_of_idle(engine):
     short_ids = prompt_of(engine.tokenizer, 16, "Hello there, how are you today? ")
+    # a long prompt this engine has not seen: the one above is in its prefix cache now
+    long_ids = prompt_of(engine.tokenizer, LONG_PROMPT,
+                         "Rivers carry sand and stones from the hills down to the sea. ")
     t = time_short_during_long_prefill(engine, long_ids, short_ids)
     assert t.short_first, "the short request's first token came after the long prompt's"
     # waits out the step it arrives in, then one step with a chunk; x1.5 for the noise

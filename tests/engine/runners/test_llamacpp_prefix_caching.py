@@ -1,0 +1,126 @@
+"""Prefix caching on the llama.cpp runner, real default GGUF: a shared system prompt and a
+chat's previous turn are served from cached cells (``Usage.cached_prompt_tokens``) and the
+greedy output is llama.cpp's own; in a small cache, eviction and preemption change no
+output and free every kept cell. Skipped where llama-cpp-python is not installed."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from engine.llm_engine import LLMEngine
+from engine.loading.model_loader import default_model_path
+from engine.runners.llamacpp import INVARIANT_UBATCH
+from engine.runners.select import llama_cpp_available
+from tests.engine.runners.test_llamacpp_runner import THREADS, config, greedy
+from tests.engine.test_engine import run_to_completion
+
+pytestmark = pytest.mark.skipif(not llama_cpp_available(),
+                                reason="llama-cpp-python is not installed")
+
+SYSTEM = ("You are a careful assistant for a hardware shop. Answer briefly, name the aisle "
+          "of every product, and say so when you do not know. ")
+QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "When do you open?"]
+NEW = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_threads():
+    """The runner limits torch to one thread: give later test modules theirs back."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    eng = LLMEngine(config())
+    assert eng.info.prefix_caching
+    return eng
+
+
+@pytest.fixture(scope="module")
+def llama():
+    """llama.cpp's own greedy generation, as the runner's context runs it."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS,
+                          flash_attn=True, n_ubatch=INVARIANT_UBATCH, verbose=False)
+    yield lambda ids, n=NEW: list(itertools.islice(llm.generate(ids, temp=0.0, reset=True),
+                                                   n))
+    llm.close()
+
+
+def generate(eng: LLMEngine, rid: str, ids: list[int], n: int = NEW) -> tuple[list[int], int]:
+    """Greedy tokens and ``Usage.cached_prompt_tokens`` of one request run alone."""
+    eng.add_request(rid, ids, greedy(n))
+    tokens: list[int] = []
+    cached = -1
+    while eng.has_work:
+        for out in eng.step():
+            tokens += [t for d in out.deltas for t in d.token_ids]
+            if out.finished:
+                cached = out.usage.cached_prompt_tokens
+    return tokens, cached
+
+
+def test_a_shared_system_prompt_is_served_from_cache_with_llama_cpps_own_output(engine, llama):
+    bs = engine.config.block_size
+    prompts = [engine.tokenizer(SYSTEM + q)["input_ids"] for q in QUESTIONS]
+    shared = min(next(i for i, (a, b) in enumerate(zip(prompts[0], p, strict=False)) if a != b)
+                 for p in prompts[1:])
+    hits = engine.stats().prefix_cache_hits
+    for i, ids in enumerate(prompts):
+        tokens, cached = generate(engine, f"q{i}", ids)
+        assert tokens == llama(ids), f"prompt {i}"
+        assert cached == (0 if i == 0 else shared // bs * bs) and (i == 0 or cached > 0)
+    assert engine.stats().prefix_cache_hits - hits == 2 * (shared // bs * bs)
+
+
+def test_a_chat_turn_reuses_the_previous_turns_prompt_and_answer(engine, llama):
+    bs = engine.config.block_size
+    turn1 = list(engine.tokenizer.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}],
+        add_generation_prompt=True, tokenize=True)["input_ids"])
+    answer, _ = generate(engine, "t1", turn1, 20)
+    turn2 = turn1 + answer + engine.tokenizer("<|im_end|>\n<|im_start|>user\nThanks!"
+                                              "<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    tokens, cached = generate(engine, "t2", turn2)
+    # every full block of the first turn's computed tokens: its prompt and its answer but
+    # the last token (sampled, never fed back)
+    assert cached == (len(turn1) + len(answer) - 1) // bs * bs > len(turn1)
+    assert tokens == llama(turn2)
+
+
+def test_eviction_and_preemption_in_a_small_cache_change_no_output_and_free_kept_cells(llama):
+    # 20 blocks of 4 cells: three of these prompts with their outputs outgrow it even with
+    # their shared blocks, so the scheduler preempts; cached blocks nobody holds are
+    # evicted to make room.
+    block = 2 * 30 * 3 * 64 * 2 * 4  # K and V, 30 layers, 3 KV heads of 64, f16, 4 tokens
+    tight = LLMEngine(config(max_num_batched_tokens=7, block_size=4, kv_cache_memory=20 * block))
+    prompts = [tight.tokenizer("Answer briefly and name the aisle. " * 4 + q)["input_ids"]
+               for q in QUESTIONS]
+    kept = tight.runner.block_keeper
+    evicted: list[int] = []
+    evict = kept.evict  # type: ignore[union-attr]
+
+    def counting(b: int) -> None:
+        evicted.append(b)
+        evict(b)
+
+    tight.scheduler.allocator.on_evict = counting
+    res = run_to_completion(tight, {0: [(f"c{i}", p, greedy(24))
+                                        for i, p in enumerate(prompts)]})
+    assert tight.scheduler.num_preemptions > 0 and evicted
+    assert tight.stats().prefix_cache_hits > 0
+    for i, p in enumerate(prompts):
+        assert res[f"c{i}"][0].token_ids == llama(p, 24), f"prompt {i}"
+    # Every cached block's cells are kept, and evicting them all frees every kept cell.
+    alloc = tight.scheduler.allocator
+    assert alloc.num_used == 0 and kept.num_kept == alloc.num_cached > 0  # type: ignore[union-attr]
+    assert alloc.allocate(alloc.num_blocks) is not None
+    lc, memory = tight.runner.llama_cpp, tight.runner.memory  # type: ignore[attr-defined]
+    assert all(lc.llama_memory_seq_pos_max(memory, s) == -1 for s in range(256))
