@@ -548,7 +548,9 @@ class LlamaCppRunner:
                 slot = self._slot_of[r.seq_id]
             else:
                 seen.add(r.seq_id)
-                slot = self._slot(r.seq_id, r.position)
+                # A prompt whose only uncached token is its last runs it as a decode row:
+                # a new sequence then starts from the cached blocks of its table.
+                slot = self._slot(r.seq_id, r.position, r.block_table)
             rows.append(len(tokens))
             tokens.append(r.token_id)
             positions.append(r.position)

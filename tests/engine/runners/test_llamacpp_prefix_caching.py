@@ -80,6 +80,17 @@ def test_a_shared_system_prompt_is_served_from_cache_with_llama_cpps_own_output(
     assert engine.stats().prefix_cache_hits - hits == 2 * (shared // bs * bs)
 
 
+def test_a_prompt_cached_but_for_its_last_token_starts_from_the_cached_cells(engine, llama):
+    """The scheduler runs a prompt's one uncached token as a decode row; a sequence new to
+    the runner must take the cached cells there too (it crashed the engine loop once)."""
+    bs = engine.config.block_size
+    ids = engine.tokenizer("Café au lait, s'il vous plaît: one more, please\n")["input_ids"]
+    ids = (ids * bs)[:bs + 1]  # one full block and one token
+    first, _ = generate(engine, "full1", ids, 4)
+    again, cached = generate(engine, "full2", ids, 4)
+    assert cached == bs and again == first == llama(ids, 4)
+
+
 def test_a_chat_turn_reuses_the_previous_turns_prompt_and_answer(engine, llama):
     bs = engine.config.block_size
     turn1 = list(engine.tokenizer.apply_chat_template(
