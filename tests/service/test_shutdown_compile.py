@@ -73,6 +73,7 @@ from service.server import exit_status
 
 class Compiling:  # a GenServer whose background compile still runs
     compiling = True
+    exit_code = 0  # its tensor-parallel group (if any) is intact
 
 a = torch.ones(256, 256)
 started = threading.Event()
@@ -101,6 +102,7 @@ def test_exit_status_ends_the_process_while_a_compile_thread_is_in_torch_calls()
 def test_exit_status_returns_the_code_when_no_compile_runs():
     class Compiled:
         compiling = False
+        exit_code = 0
 
     assert exit_status(None, 0) == 0
     assert exit_status(Compiled(), 1) == 1  # type: ignore[arg-type]

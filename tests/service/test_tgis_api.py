@@ -425,12 +425,16 @@ def test_guided_output_failing_its_schema_check_stops_with_error(server, fm):
     p = params(16, decoding=tgis.DecodingParameters(json_schema=schema))
     (r,) = generate(fm, [PROMPT], p)
     assert r.stop_reason == tgis.EOS_TOKEN
-    factory = next(e.future.result() for key, e in server.server.servicer.structured._cache.items()
-                   if key[2] == schema)
-    factory.check_output = lambda text: "forced failure"
+    # Every cached factory of this schema (an earlier test may have cached it under other
+    # options too): whichever serves the request fails its check.
+    factories = [e.future.result() for key, e in
+                 server.server.servicer.structured._cache.items() if key[2] == schema]
+    for factory in factories:
+        factory.check_output = lambda text: "forced failure"
     try:
         (r,) = generate(fm, [PROMPT], p)
         assert r.stop_reason == tgis.ERROR and r.text in ('"yes"', '"no"')
         assert stream(fm, PROMPT, p)[-1].stop_reason == tgis.ERROR
     finally:
-        factory.check_output = None
+        for factory in factories:
+            factory.check_output = None
