@@ -36,8 +36,11 @@ STREAM_PROMPT = "Once upon a time"
 def server(tmp_path_factory):
     """One real server with the default model for the whole module (loading takes ~20 s)."""
     require_some_toolchain()
+    # The clients must give what the Python stubs get for the same requests: a server
+    # whose greedy output depends on neither batch mates nor what it has cached.
     proc = ServerProcess(tmp_path_factory.mktemp("interop") / "serve.log", "--model",
-                         "default", "--max-model-len", "512", "--kv-cache-memory", "64MiB")
+                         "default", "--max-model-len", "512", "--kv-cache-memory", "64MiB",
+                         "--batch-invariant", "--no-enable-prefix-caching")
     try:
         proc.wait_serving()
         yield proc

@@ -26,9 +26,12 @@ def tgis_client() -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(tgis_client, tmp_path_factory):
+    # The clients must give what the Python stubs get for the same requests: a server
+    # whose greedy output depends on neither batch mates nor what it has cached.
     proc = ServerProcess(tmp_path_factory.mktemp("tgis") / "serve.log", "--model", "default",
                          "--max-model-len", "512", "--kv-cache-memory", "64MiB",
-                         "--max-new-tokens", str(CAP))
+                         "--max-new-tokens", str(CAP), "--batch-invariant",
+                         "--no-enable-prefix-caching")
     try:
         proc.wait_serving()
         yield proc
