@@ -418,23 +418,26 @@ def test_no_fmaas_serves_only_the_native_api(tiny_model_dir, tokenizer):
         stop_server(running)
 
 
-def test_guided_output_failing_its_schema_check_stops_with_error(server, fm):
+def test_guided_output_failing_its_schema_check_stops_with_error(server, fm, monkeypatch):
     """A leniently served schema whose output fails the check: stop reason ERROR, the
     text kept (TGIS has no error field), unary and streamed alike."""
+    import dataclasses
+
+    import engine.llm_engine
+
     schema = json.dumps({"enum": ["yes", "no"]})
     p = params(16, decoding=tgis.DecodingParameters(json_schema=schema))
     (r,) = generate(fm, [PROMPT], p)
     assert r.stop_reason == tgis.EOS_TOKEN
-    # Every cached factory of this schema (an earlier test may have cached it under other
-    # options too): whichever serves the request fails its check.
-    factories = [e.future.result() for key, e in
-                 server.server.servicer.structured._cache.items() if key[2] == schema]
-    for factory in factories:
-        factory.check_output = lambda text: "forced failure"
-    try:
-        (r,) = generate(fm, [PROMPT], p)
-        assert r.stop_reason == tgis.ERROR and r.text in ('"yes"', '"no"')
-        assert stream(fm, PROMPT, p)[-1].stop_reason == tgis.ERROR
-    finally:
-        for factory in factories:
-            factory.check_output = None
+    real_bind = engine.llm_engine.bind
+
+    def failing_check(entry):  # every checked factory's sequences fail their check, so
+        bound = real_bind(entry)  # whichever cached or fresh grammar serves the request
+        if bound.check is None:
+            return bound
+        return dataclasses.replace(bound, check=lambda text: "forced failure")
+
+    monkeypatch.setattr(engine.llm_engine, "bind", failing_check)
+    (r,) = generate(fm, [PROMPT], p)
+    assert r.stop_reason == tgis.ERROR and r.text in ('"yes"', '"no"')
+    assert stream(fm, PROMPT, p)[-1].stop_reason == tgis.ERROR
