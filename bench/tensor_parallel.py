@@ -34,9 +34,31 @@ def _decode_tok_s(engine: LLMEngine, batch: int, new: int) -> float:
     return tokens / (time.perf_counter() - start)
 
 
+def shardable(model: str) -> str:
+    """``model``, or when two ranks cannot split its heads (the default model has 9 query
+    and 3 KV heads), a random model of its shape with 8 query and 2 KV heads (head size
+    72, same hidden and MLP sizes): the speed of a step hardly depends on the values."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    from engine.loading.model_loader import load_config, load_tokenizer, resolve_model
+
+    config = load_config(resolve_model(model))
+    if config.num_attention_heads % 2 == 0 and config.num_key_value_heads % 2 == 0:
+        return model
+    config.head_dim = config.hidden_size // 8
+    config.num_attention_heads, config.num_key_value_heads = 8, 2
+    out = tempfile.mkdtemp(prefix="genserve-tp-bench-")
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    load_tokenizer(resolve_model(model)).save_pretrained(out)
+    return out
+
+
 def measure(model: str, batches: tuple[int, ...] = (1, 8), new: int = 16,
             reps: int = 3, enforce_eager: bool = True) -> dict:
     """Both engines eager by default (compiling both would add minutes of start-up)."""
+    model = shardable(model)
     engines = {tp: LLMEngine(EngineConfig(model=model, tensor_parallel_size=tp,
                                           runner="torch", enforce_eager=enforce_eager,
                                           kv_cache_memory=256 << 20))
