@@ -42,9 +42,10 @@ class BlockKeeper(Protocol):
     its own cells) keeps a cached block's KV alive from the moment the scheduler caches it
     until the allocator evicts it, and so can hand it to a later sequence."""
 
-    # Most cached blocks no sequence holds that it keeps (the least recently used beyond
-    # are evicted): llama.cpp's attention walks every cell up to the highest one in use,
-    # so kept cells cost each step of every sequence.
+    # Most cached blocks no sequence holds that it keeps while at most one sequence runs
+    # (the least recently used beyond are evicted); the scheduler divides it by the
+    # number of running sequences. llama.cpp's attention walks every cell up to the
+    # highest one in use, so each kept cell costs every row of every step.
     max_idle_blocks: int
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
@@ -128,6 +129,14 @@ class BlockAllocator:
                 else:
                     self._free.append(b)
         blocks.clear()
+        self._trim()
+
+    def limit_evictable(self, n: int) -> None:
+        """Keep at most ``n`` cached blocks nobody holds (least recently used go now)."""
+        self.max_evictable = n
+        self._trim()
+
+    def _trim(self) -> None:
         if self.max_evictable is not None:
             while len(self._evictable) > self.max_evictable:
                 self._free.append(self._evict())

@@ -103,6 +103,10 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--enforce-eager", "enforce_eager", bool,
      "run every step eagerly: no compiled decode step (torch.compile on CPU, built in the "
      "background while serving; CUDA graphs on CUDA, captured before SERVING)"),
+    ("--compile-cuda-graphs", "compile_cuda_graphs", bool,
+     "CUDA: capture inductor's compiled forward in the decode graphs (fused kernels: "
+     "batch 1 1.23x faster on an 8B model; ~30 s more start-up); --no-compile-cuda-graphs "
+     "captures the eager model"),
     ("--max-waiting", "max_waiting", positive_int,
      "waiting-queue bound; beyond it calls get RESOURCE_EXHAUSTED"),
     ("--adapter-cache", "adapter_cache", str,

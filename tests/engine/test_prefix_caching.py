@@ -272,3 +272,36 @@ def test_a_runners_keeper_hears_of_cached_and_evicted_blocks_and_one_it_refuses_
     sched.remove(again)
     assert sched.allocator.allocate(4) is not None  # every block: the cached are evicted
     assert sorted(keeper.evicted[1:]) == sorted([b[0], again_table[2]])
+
+
+def test_a_keeper_holds_fewer_idle_blocks_the_more_sequences_run():
+    """llama.cpp's kept cells cost every running row: the idle cap is divided by them."""
+    keeper = RecordingKeeper(refuse=set())  # max_idle_blocks = 4
+    sched = Scheduler(num_blocks=32, block_size=BLOCK, max_num_seqs=8,
+                      max_num_batched_tokens=256, prefix_caching=True, keeper=keeper)
+
+    def start(seq_id: int, n: int) -> Sequence:
+        prompt = [seq_id * 100 + t for t in range(n)]
+        seq = Sequence(seq_id, Request(f"r{seq_id}", prompt, SamplingParams()), 0, prompt,
+                       None)  # type: ignore[arg-type]
+        sched.add(seq)
+        return seq
+
+    done = start(0, 4 * BLOCK)
+    for scheduled in sched.schedule():
+        scheduled.seq.num_computed_tokens += scheduled.num_tokens
+        sched.cache_blocks(scheduled.seq)
+    sched.remove(done)
+    assert sched.allocator.num_cached == 4 and keeper.evicted == []  # idle, none running
+    for i in (1, 2):
+        start(i, 2)  # no full block: nothing of their own to cache
+    sched.schedule()  # admits both; the cap applies from the next step on
+    assert len(sched.running) == 2
+    sched.schedule()
+    assert sched.allocator.num_cached == 2  # 4 // 2 running
+    assert keeper.evicted == done_table_tail(keeper, 2)
+
+
+def done_table_tail(keeper: RecordingKeeper, n: int) -> list[int]:
+    """The last ``n`` blocks kept, deepest first: the order an idle prompt's blocks go."""
+    return keeper.kept[::-1][:n]

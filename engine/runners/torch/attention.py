@@ -116,7 +116,7 @@ class StaticDecode:
 
 @dataclass
 class _ForwardContext:
-    meta: AttentionMetadata
+    meta: AttentionMetadata | StaticDecode
     next_layer: int = 0  # opaque attention calls come in layer order
 
 
@@ -131,7 +131,8 @@ _current = _Current()
 
 
 @contextlib.contextmanager
-def forward_context(meta: AttentionMetadata, num_layers: int | None = None) -> Iterator[None]:
+def forward_context(meta: AttentionMetadata | StaticDecode,
+                    num_layers: int | None = None) -> Iterator[None]:
     """Hand ``meta`` to the opaque attention op for the duration of one forward; with
     ``num_layers``, check that every layer's attention ran exactly once."""
     prev = _current.forward
@@ -303,6 +304,9 @@ def decode_attention_impl(query: torch.Tensor, key: torch.Tensor, value: torch.T
     assert ctx is not None, "decode_attention outside forward_context"
     layer = ctx.next_layer
     ctx.next_layer += 1
+    if isinstance(ctx.meta, StaticDecode):  # an inductor-compiled step inside a CUDA graph
+        return _static_decode(ctx.meta, layer, query, key, value, scaling, window or None,
+                              softcap or None).contiguous()
     return _paged_attention(ctx.meta, layer, query, key, value, scaling, window or None,
                             softcap or None).contiguous()
 

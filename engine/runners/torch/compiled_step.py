@@ -9,13 +9,16 @@ A pure-decode step has one query token per row, so its shape is fixed by the row
   dynamic dimension, so no padding and no graph per bucket). Attention runs eagerly
   between the pieces and gathers only as many KV blocks as the step's longest row needs.
   Inductor's FX graph cache keeps the compiled code under the genserve cache root.
-- CUDA: the eager model captured as one ``torch.cuda.CUDAGraph`` per (row bucket, context
+- CUDA: the model captured as one ``torch.cuda.CUDAGraph`` per (row bucket, context
   width) over static buffers, rows padded up to the bucket (padded rows write to the
   scratch block), attention in-graph over a block table of the width's columns masked by
   sequence length (no host values in the graph). Widths of 256, 1024 tokens and
   ``max_model_len``: a graph as wide as the context gathers 16x the KV a short sequence
   needs, which at 32 rows cost more than the rest of the step. Tested on a lent H100
-  (tests/engine/runners/test_cuda_graphs.py).
+  (tests/engine/runners/test_cuda_graphs.py). What is captured is the same compiled
+  forward as on CPU (inductor's fused kernels between the opaque attention calls; one
+  graph for 1 row, one with the row count dynamic for the rest), unless
+  ``compile_cuda_graphs`` is off or adapters are on (then the eager model).
 
 Steps with prefills, and decode steps with more rows than the largest bucket, run
 eagerly. A compiled step that would recompile at run time (a guard failed) is dropped
@@ -94,13 +97,30 @@ def _plain_forward(model: Any, input_ids: torch.Tensor, positions: torch.Tensor
                  genserve_meta=_OPAQUE).logits
 
 
+def _compile_patches() -> contextlib.AbstractContextManager:
+    """Dynamo settings for every compile of the decode step. One code object serves every
+    graph of every runner: allow an entry for each, and keep each entry static but for the
+    row count marked dynamic. Dynamo's defaults track what changed between compiles *of
+    the code object*: a float that differs from the previous model's (Granite's attention
+    scale 0.1 after Llama's 0.25) became a symbolic input, inductor failed on the piece
+    that produced it, and every later compile in the process failed the same way
+    (specialize_float alone fixes it; a draft model of other shapes would meet the same
+    with automatic dynamic shapes). Specialised, a changed float or shape is just another
+    entry."""
+    return torch._dynamo.config.patch(recompile_limit=1024,
+                                      accumulated_recompile_limit=65536,
+                                      specialize_float=True,
+                                      automatic_dynamic_shapes=False)
+
+
 class DecodeGraphs:
     """The compiled decode step of one runner (its model and KV cache)."""
 
     def __init__(self, model: Any, kv_cache: KVCache, block_size: int, scratch_block: int,
                  max_blocks_per_seq: int, device: torch.device,
-                 lora: LoraLayers | None = None) -> None:
+                 lora: LoraLayers | None = None, compile_cuda: bool = True) -> None:
         self.model = model
+        self.compile_cuda = compile_cuda
         self.lora = lora  # adapter slots: every graph applies them, masked per row
         self.kv_cache = kv_cache
         self.block_size = block_size
@@ -232,7 +252,8 @@ class DecodeGraphs:
         if self.device.type == "cuda":  # largest first: later graphs reuse its pool memory
             widths = sorted({min(w, self.max_blocks_per_seq) for w in (
                 256 // self.block_size, 1024 // self.block_size, self.max_blocks_per_seq)})
-            return [(f"{b}x{w * self.block_size}", partial(self._capture_cuda, b, w))
+            return [(f"{b}x{w * self.block_size}",
+                     partial(self._capture_cuda, b, w, sizes[-1]))
                     for b in reversed(sizes) for w in reversed(widths) if w > 0]
         plan: list[tuple[str, Callable[[], str]]] = []
         if 1 in sizes:
@@ -240,6 +261,13 @@ class DecodeGraphs:
         if sizes and sizes[-1] >= 2:
             plan.append((f"2-{sizes[-1]}", partial(self._compile_dynamic, sizes[-1])))
         return plan
+
+    def _inductor_on_cuda(self) -> bool:
+        """Capture inductor's compiled forward instead of the eager model: its fused
+        kernels replace the ~400 small ones (norms, rotary, residual adds) that cost a
+        third of a Llama-3-8B-shaped batch-1 step on an H200. Adapters keep the eager
+        capture (their slot masks are captured per row bucket)."""
+        return self.compile_cuda and self.lora is None
 
     def _compiled_forward(self) -> Any:
         if self._compiled is None:
@@ -253,19 +281,7 @@ class DecodeGraphs:
     def _warm_call(self, rows: int, dynamic_max: int = 0) -> None:
         """One padding-only step (every row reads and writes the scratch block)."""
         fn = self._compiled_forward()
-        # One code object serves every graph of every runner: allow an entry for each, and
-        # keep each entry static but for the row count marked below. Dynamo's defaults
-        # track what changed between compiles *of the code object*: a float that differs
-        # from the previous model's (Granite's attention scale 0.1 after Llama's 0.25)
-        # became a symbolic input, inductor failed on the piece that produced it, and every
-        # later compile in the process failed the same way (specialize_float alone fixes
-        # it; a draft model of other shapes would meet the same with automatic dynamic
-        # shapes). Specialised, a changed float or shape is just another entry.
-        with torch._dynamo.config.patch(recompile_limit=1024,
-                                        accumulated_recompile_limit=65536,
-                                        specialize_float=True,
-                                        automatic_dynamic_shapes=False), \
-                torch.inference_mode():  # inputs made the way execute() makes them
+        with _compile_patches(), torch.inference_mode():  # inputs as execute() makes them
             warm = build_decode_inputs([], self.block_size, self.scratch_block,
                                        self.device, pad_to=rows, width=1)
             if dynamic_max:
@@ -295,17 +311,26 @@ class DecodeGraphs:
         self._dynamic_max = max_rows
         return "compiled"
 
-    def _capture_cuda(self, rows: int, width: int) -> str:
+    def _capture_cuda(self, rows: int, width: int, max_rows: int) -> str:
         """Static buffers + one CUDA graph for ``rows`` (padded) decode rows whose contexts
-        fit ``width`` blocks."""
+        fit ``width`` blocks. Compiled with inductor, one graph of 2..``max_rows`` rows
+        (the row count dynamic) serves every bucket above 1, so a bucket costs a capture,
+        not a compile."""
         with torch.inference_mode():
             static = build_decode_inputs([], self.block_size, self.scratch_block,
                                          self.device, pad_to=rows, width=width)
+        if rows >= 2 and self._inductor_on_cuda():
+            for t in (static.input_ids, static.positions):
+                torch._dynamo.mark_dynamic(t, 1, min=2, max=max(max_rows, 2))
         meta = StaticDecode(self.kv_cache, static.slot_mapping, static.block_tables,
                             static.seq_lens)
         model, lora = self.model, self.lora
+        compiled = self._compiled_forward() if self._inductor_on_cuda() else None
 
         def forward() -> torch.Tensor:
+            if compiled is not None:  # inductor's fused kernels, attention opaque
+                with _compile_patches(), forward_context(meta, self.num_layers):
+                    return compiled(static.input_ids, static.positions)
             with lora.capturing(rows) if lora is not None else contextlib.nullcontext():
                 return model(input_ids=static.input_ids, position_ids=static.positions,
                              use_cache=False, genserve_meta=meta).logits

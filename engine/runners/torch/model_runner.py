@@ -210,7 +210,7 @@ class ModelRunner:
                       agree: Callable[[bool], bool] | None = None) -> WarmupReport:
         graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.scratch_block,
                               -(-self.max_model_len // self.block_size), self.device,
-                              self.lora)
+                              self.lora, self.config.compile_cuda_graphs)
         report = graphs.build(wanted, budget, agree)
         self.decode_graphs = graphs if graphs.max_rows else None
         return report

@@ -14,7 +14,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runners.base import DecodeRow, PrefillWork
-from engine.runners.torch.attention import StaticDecode
+from engine.runners.torch.attention import StaticDecode, forward_context
 from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.runners.torch.decode_inputs import build_decode_inputs
 from engine.runners.torch.model_runner import ModelRunner
@@ -219,6 +219,34 @@ def test_padded_rows_touch_only_the_scratch_block(compiled):
         new[written] = old[written]
         real = runner.scratch_block * bs
         assert torch.equal(old[:real], new[:real])
+
+
+def test_the_compiled_forward_over_static_buffers_gives_the_eager_logits(compiled):
+    """What a CUDA graph captures by default (compile_cuda_graphs), run on CPU: the
+    compiled forward with its opaque attention reading the static buffers' full-width
+    table (StaticDecode), padded rows included, gives the eager step's logits."""
+    runner = ModelRunner(compiled.config, share_weights=compiled)
+    graphs = compiled.decode_graphs
+    assert graphs is not None and graphs._compiled is not None
+    seqs = Seqs((runner,), seed=5)
+    for n in (9, 38):
+        seqs.add(n)
+    rows = seqs.rows([0, 1])
+    bs = runner.block_size
+    plain = build_decode_inputs(rows, bs, runner.scratch_block, runner.device)
+    with torch.inference_mode():
+        want = runner.model(input_ids=plain.input_ids, position_ids=plain.positions,
+                            use_cache=False,
+                            genserve_meta=plain.metadata(runner.kv_cache, bs)).logits[0]
+        wide = build_decode_inputs(rows, bs, runner.scratch_block, runner.device,
+                                   pad_to=MAX_ROWS, width=-(-runner.max_model_len // bs))
+        meta = StaticDecode(runner.kv_cache, wide.slot_mapping, wide.block_tables,
+                            wide.seq_lens)
+        with forward_context(meta, graphs.num_layers), \
+                torch.compiler.set_stance("fail_on_recompile"):
+            got = graphs._compiled(wide.input_ids, wide.positions)[0]
+    torch.testing.assert_close(got[:2], want, atol=ATOL, rtol=0)
+    assert torch.isfinite(got).all()
 
 
 def test_enforce_eager_never_compiles(tiny_model_dir, compiled, monkeypatch):

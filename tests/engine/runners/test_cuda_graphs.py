@@ -94,6 +94,17 @@ def test_captured_steps_give_hf_greedy_tokens_for_every_row_count(tiny_model_dir
     assert {w for _, _, w in calls} == {256 // 16}  # short contexts: the narrowest graphs
 
 
+def test_graphs_of_the_eager_model_give_hf_greedy_tokens(tiny_model_dir, prompt_ids,
+                                                        hf_greedy):
+    """--no-compile-cuda-graphs: the eager model captured (the default captures the
+    compiled forward), same tokens."""
+    engine = cuda_engine(tiny_model_dir, compile_cuda_graphs=False)
+    assert engine.runner.decode_graphs is not None
+    assert not engine.runner.decode_graphs._inductor_on_cuda()
+    arrivals = {i: [(f"r{i}", ids, greedy())] for i, ids in enumerate(prompt_ids)}
+    assert tokens(run_to_completion(engine, arrivals), len(prompt_ids)) == hf_greedy
+
+
 def test_captured_steps_keep_greedy_output_under_preemption(tiny_model_dir, prompt_ids,
                                                            hf_greedy):
     bytes_per_block = 2 * 2 * 4 * 2 * 16 * 4  # (k, v) * layers * block * kv heads * dim * 4 B
