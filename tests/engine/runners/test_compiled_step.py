@@ -34,6 +34,7 @@ def config(model_dir, **kw) -> EngineConfig:
     kw.setdefault("block_size", BLOCK)
     kw.setdefault("kv_cache_memory", 2 << 20)
     kw.setdefault("pack_weights", False)  # a packed model is never compiled
+    kw.setdefault("device", "cpu")  # the CPU path, also on a machine with CUDA
     return EngineConfig(model=str(model_dir), decode_buckets=[1, MAX_ROWS], **kw)
 
 
