@@ -28,7 +28,7 @@ from engine.adapters import (
     check_adapter_id,
 )
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
+from engine.config import EngineConfig, QueueFullError
 from engine.runners.torch.lora import LoraLayers
 
 
@@ -308,10 +308,10 @@ def test_a_load_finishing_after_its_caller_cancelled_releases_its_lease(cache,
     assert holders(reg) == [("a1", 0)]  # loaded (the work is kept), but not leased
 
 
-def async_engine_over(reg: AdapterRegistry) -> AsyncEngine:
+def async_engine_over(reg: AdapterRegistry, **config_kw) -> AsyncEngine:
     """An AsyncEngine whose engine is only the registry (lease_adapter needs no more)."""
     stand_in = SimpleNamespace(adapters=reg, tokenizer=None, info=None,
-                               config=EngineConfig(model="unused"))
+                               config=EngineConfig(model="unused", **config_kw))
     return AsyncEngine(stand_in)  # type: ignore[arg-type]
 
 
@@ -341,3 +341,28 @@ def test_a_cancelled_lease_adapter_call_leaves_no_lease_and_no_waiting_thread(
     asyncio.run(main())
     assert wait_until(lambda: acquiring_threads() == 0, 5)
     assert reg.waiting == 0 and holders(reg) == [("a1", 0)]
+
+
+def test_requests_waiting_for_a_slot_count_against_the_waiting_queue_bound(cache,
+                                                                          tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    engine = async_engine_over(reg, max_num_seqs=1, max_waiting=1)  # one seat, one waiting
+
+    async def main() -> None:
+        held = await engine.lease_adapter("a1")
+        assert held is not None
+        engine.check_queue()
+        waits = [asyncio.create_task(engine.lease_adapter("a2")) for _ in range(2)]
+        for _ in range(500):
+            if reg.waiting == 2:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError):  # a seat and the one waiting place are spoken for
+            engine.check_queue()
+        for task in waits:
+            task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        engine.check_queue()
+        held.release()
+
+    asyncio.run(main())
