@@ -16,6 +16,7 @@ on the event loop or in asyncio's executor: see there why.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -118,6 +119,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._pending_adds = 0
         self._leasing = 0  # requests loading their adapter or waiting for its slot
+        self._adapter_waits: set[threading.Event] = set()  # their cancel events (event loop)
         self._waiting_snapshot = -engine.config.max_num_seqs  # LLMEngine.backlog(): seats
 
     @classmethod
@@ -197,6 +199,7 @@ class AsyncEngine:
         if lease is not None:
             return lease
         cancel = threading.Event()
+        self._adapter_waits.add(cancel)
         with self._lock:
             self._leasing += 1
         try:
@@ -205,7 +208,11 @@ class AsyncEngine:
         except asyncio.CancelledError:
             registry.stop_waiting(cancel)
             raise
+        except concurrent.futures.CancelledError:  # abort_all: the server is shutting down
+            raise EngineDeadError(f"server is shutting down (the request was waiting for "
+                                  f"adapter {adapter_id!r})") from None
         finally:
+            self._adapter_waits.discard(cancel)
             with self._lock:
                 self._leasing -= 1
 
@@ -319,9 +326,14 @@ class AsyncEngine:
         self._post(("abort", request_id))
 
     def abort_all(self) -> None:
-        """End every request now (finish reason ABORTED): a drain's grace is running out."""
+        """End every request now (finish reason ABORTED): a drain's grace is running out.
+        Requests still waiting for an adapter slot end too (UNAVAILABLE), rather than take
+        the slots the aborted ones free."""
         for request_id in list(self._waiters):
             self.abort(request_id)
+        if self.engine.adapters is not None:
+            for cancel in list(self._adapter_waits):
+                self.engine.adapters.stop_waiting(cancel)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

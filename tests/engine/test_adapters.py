@@ -28,7 +28,7 @@ from engine.adapters import (
     check_adapter_id,
 )
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig, QueueFullError
+from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.runners.torch.lora import LoraLayers
 
 
@@ -340,6 +340,28 @@ def test_a_cancelled_lease_adapter_call_leaves_no_lease_and_no_waiting_thread(
 
     asyncio.run(main())
     assert wait_until(lambda: acquiring_threads() == 0, 5)
+    assert reg.waiting == 0 and holders(reg) == [("a1", 0)]
+
+
+def test_abort_all_ends_waits_for_a_slot_as_shutting_down_leaving_nothing_held(
+        cache, tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    engine = async_engine_over(reg)
+
+    async def main() -> None:
+        held = await engine.lease_adapter("a1")
+        assert held is not None
+        task = asyncio.create_task(engine.lease_adapter("a2"))
+        for _ in range(500):
+            if reg.waiting:
+                break
+            await asyncio.sleep(0.01)
+        engine.abort_all()  # a drain's grace runs out
+        with pytest.raises(EngineDeadError, match="shutting down.*'a2'"):
+            await asyncio.wait_for(task, 5)
+        held.release()
+
+    asyncio.run(main())
     assert reg.waiting == 0 and holders(reg) == [("a1", 0)]
 
 
