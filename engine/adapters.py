@@ -257,8 +257,8 @@ class AdapterRegistry:
         self._loading: dict[str, Future[None]] = {}
         self._free_slots = list(range(max_loras, 0, -1))
         # Requests waiting for a slot, first come first: only the first may take one, and
-        # an adapter no request holds is the first's to evict while anyone waits, so
-        # requests for resident adapters cannot keep a waiter out forever.
+        # an adapter no request holds is the first's to evict while anyone waits, so a
+        # request arriving for it just then cannot take the freed slot from the waiter.
         self._line: deque[object] = deque()
         self.loads = 0  # successful loads (reloads after eviction included)
 
