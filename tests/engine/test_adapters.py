@@ -255,7 +255,7 @@ def test_waiters_for_different_adapters_get_slots_first_come_first_served(cache,
 def test_a_newcomer_queues_behind_a_waiter_rather_than_taking_the_slot_freed_for_it(
         cache, tiny_model_dir):
     shutil.copytree(cache / "a1", cache / "a3")
-    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=1.0)
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=1.5)
     held = reg.acquire("a1")
     first = Acquiring(reg, "a2")
     assert wait_until(lambda: reg.waiting == 1)
