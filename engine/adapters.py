@@ -7,7 +7,10 @@ engine thread): the files are read and checked here, then the runner copies the 
 into one of its ``max_loras`` adapter slots (``Runner.load_adapter``), which checks them
 against the model. Concurrent first uses of one id wait for the one load. Every request
 holds a lease on its adapter until it finishes, so a slot is only reused (least recently
-used first) once no request runs on it; a load that fails leaves nothing cached.
+used first) once no request runs on it; a load that fails leaves nothing cached. When
+every slot is leased, a request for another adapter waits in line for a slot (first come
+first served, at most ``wait_s``), as vLLM keeps a request whose LoRA cannot be scheduled
+waiting.
 
 Anything wrong with an adapter is the caller's problem: ``AdapterError`` (a
 ``RequestError``, INVALID_ARGUMENT on the wire) names the id and the reason.
@@ -22,8 +25,8 @@ import math
 import re
 import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import Future
+from collections import OrderedDict, deque
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,7 +65,8 @@ class AdapterError(RequestError):
 
 
 class AdapterSlotsFull(QueueFullError):
-    """Every adapter slot holds an adapter that running requests use: retry later."""
+    """No adapter slot came free within the wait (every one held by running requests):
+    retry later."""
 
 
 @dataclass
@@ -238,7 +242,7 @@ class AdapterRegistry:
     """The resident adapters (at most ``max_loras``, LRU) and their loads; thread-safe."""
 
     def __init__(self, root: str | Path, max_loras: int, max_rank: int,
-                 runner: AdapterRunner) -> None:
+                 runner: AdapterRunner, wait_s: float = 0.0) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
             raise ValueError(f"--adapter-cache {root}: not a directory")
@@ -247,34 +251,90 @@ class AdapterRegistry:
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.runner = runner
-        self._lock = threading.Lock()
+        self.wait_s = wait_s  # longest wait in line for a slot (--max-lora-wait-s)
+        self._lock = threading.Condition()  # notified when a slot may have come free
         self._resident: OrderedDict[str, _Resident] = OrderedDict()  # least recent first
         self._loading: dict[str, Future[None]] = {}
         self._free_slots = list(range(max_loras, 0, -1))
+        # Requests waiting for a slot, first come first: only the first may take one, and
+        # an adapter no request holds is the first's to evict while anyone waits, so a
+        # request arriving for it just then cannot take the freed slot from the waiter.
+        self._line: deque[object] = deque()
         self.loads = 0  # successful loads (reloads after eviction included)
 
-    def acquire(self, adapter_id: str) -> AdapterLease:
+    @property
+    def waiting(self) -> int:
+        """Requests waiting in line for an adapter slot."""
+        return len(self._line)
+
+    def acquire(self, adapter_id: str, cancel: threading.Event | None = None) -> AdapterLease:
         """A lease on ``adapter_id``, loading it first if it is not resident (blocking:
-        call it off the engine thread). ``AdapterError`` for a bad adapter,
-        ``AdapterSlotsFull`` when every slot is held by running requests."""
+        call it off the engine thread). With every slot leased it waits in line for one,
+        at most ``wait_s``. ``AdapterError`` for a bad adapter, ``AdapterSlotsFull`` when no
+        slot came free in time, ``CancelledError`` once ``cancel`` is set (wake the wait
+        with ``stop_waiting``): the caller gave up, and no lease is left behind."""
         check_adapter_id(adapter_id)
         if self.runner.max_loras < 1:
             raise AdapterError(adapter_id, f"the {self.runner.name} runner cannot serve LoRA "
                                f"adapters")
+        deadline = time.monotonic() + self.wait_s
         while True:
             with self._lock:
+                got = self._claim(adapter_id, deadline, cancel)
+            if isinstance(got, AdapterLease):
+                lease = got
+            elif isinstance(got, Future):
+                got.result()  # the first use's error is every waiter's error
+                continue
+            else:
+                lease = self._load(adapter_id, *got)
+            if cancel is not None and cancel.is_set():  # cancelled while it loaded
+                lease.release()
+                raise CancelledError(f"adapter {adapter_id!r}: the request was cancelled")
+            return lease
+
+    def stop_waiting(self, cancel: threading.Event) -> None:
+        """Set ``cancel`` and wake every wait in ``acquire`` to see it."""
+        cancel.set()
+        with self._lock:
+            self._lock.notify_all()
+
+    def _claim(self, adapter_id: str, deadline: float, cancel: threading.Event | None
+               ) -> AdapterLease | Future[None] | tuple[int, Future[None]]:
+        """Under the lock: a lease on the resident adapter, the load in progress to wait
+        for, or a slot to load it into (with the load's future, registered); waits in line
+        (the lock released) while none of these can be had."""
+        ticket: object | None = None  # this request's place in line, once it waits
+        try:
+            while True:
+                if cancel is not None and cancel.is_set():
+                    raise CancelledError(f"adapter {adapter_id!r}: the request was cancelled")
+                first = not self._line or self._line[0] is ticket
                 resident = self._resident.get(adapter_id)
-                if resident is not None:
+                if resident is not None and (resident.leases or first):
                     return self._lease(adapter_id, resident)
                 pending = self._loading.get(adapter_id)
-                if pending is None:
-                    slot = self._take_slot()
+                if pending is not None:
+                    return pending
+                slot = self._take_slot() if first else None
+                if slot is not None:
                     mine: Future[None] = Future()
                     self._loading[adapter_id] = mine
-            if pending is not None:
-                pending.result()  # the first use's error is every waiter's error
-                continue
-            return self._load(adapter_id, slot, mine)
+                    return slot, mine
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AdapterSlotsFull(
+                        f"adapter {adapter_id!r}: no adapter slot came free in "
+                        f"{self.wait_s:g} s (--max-lora-wait-s): all {self.max_loras} slots "
+                        f"(--max-loras) hold adapters of running requests; retry later")
+                if ticket is None:
+                    ticket = object()
+                    self._line.append(ticket)
+                self._lock.wait(left)
+        finally:
+            if ticket is not None:
+                self._line.remove(ticket)
+                self._lock.notify_all()  # the next in line may take a slot now
 
     def check_known(self, adapter_id: str) -> None:
         """``AdapterError`` unless ``adapter_id`` is a valid id with a directory in the
@@ -285,10 +345,13 @@ class AdapterRegistry:
                                f"the adapter cache)")
 
     def lease_resident(self, adapter_id: str) -> AdapterLease | None:
-        """A lease on ``adapter_id`` if it is resident now, else None (never blocks)."""
+        """A lease on ``adapter_id`` if it is resident and not spoken for (an adapter no
+        request holds is evicted for the first in line), else None (never blocks)."""
         with self._lock:
             resident = self._resident.get(adapter_id)
-            return self._lease(adapter_id, resident) if resident is not None else None
+            if resident is None or not (resident.leases or not self._line):
+                return None
+            return self._lease(adapter_id, resident)
 
     def _load(self, adapter_id: str, slot: int, done: Future[None]) -> AdapterLease:
         try:
@@ -300,6 +363,7 @@ class AdapterRegistry:
             with self._lock:
                 del self._loading[adapter_id]
                 self._free_slots.append(slot)
+                self._lock.notify_all()
             done.set_exception(e)
             raise
         with self._lock:
@@ -317,8 +381,9 @@ class AdapterRegistry:
         self._resident.move_to_end(adapter_id)
         return AdapterLease(self, resident)
 
-    def _take_slot(self) -> int:
-        """A free slot, else the least recently used unleased adapter's (evicted)."""
+    def _take_slot(self) -> int | None:
+        """A free slot, else the least recently used unleased adapter's (evicted), else
+        None."""
         if self._free_slots:
             return self._free_slots.pop()
         for adapter_id, resident in self._resident.items():
@@ -327,12 +392,13 @@ class AdapterRegistry:
                 log.info("adapter %r evicted from slot %d (least recently used)", adapter_id,
                          resident.slot)
                 return resident.slot
-        raise AdapterSlotsFull(f"all {self.max_loras} adapter slots (--max-loras) hold adapters "
-                               f"of running requests; retry later")
+        return None
 
     def _unlease(self, resident: _Resident) -> None:
         with self._lock:
             resident.leases -= 1
+            if resident.leases == 0 and self._line:
+                self._lock.notify_all()
 
     def resident(self) -> list[AdapterStatus]:
         """The resident adapters, most recently used last."""

@@ -16,6 +16,7 @@ on the event loop or in asyncio's executor: see there why.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -36,7 +37,8 @@ from engine.speculation import SpeculatorFactory
 log = logging.getLogger(__name__)
 
 
-async def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
+async def in_own_thread(fn: Callable[..., Any], *args: Any,
+                        on_abandon: Callable[[Any], None] | None = None) -> Any:
     """``fn(*args)`` in a new thread that ends when ``fn`` returns.
 
     Why not ``asyncio.to_thread``: every thread that runs a parallel torch op keeps an
@@ -46,22 +48,48 @@ async def in_own_thread(fn: Callable[..., Any], *args: Any) -> Any:
     and a one-client server 27% slower than the same engine on one thread. So model
     loading and compiling run in threads that exit (freeing their team), and the engine
     thread is the only long-lived one that runs torch.
+
+    The thread wakes the caller itself: no executor thread waits on it, so long waits
+    (requests in line for an adapter slot) cannot use up asyncio's few executor threads.
+    A cancelled caller leaves the thread to finish; what ``fn`` returns then goes to
+    ``on_abandon`` (a lease to release), never nowhere.
     """
-    box: dict[str, Any] = {}
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def abandon(result: Any) -> None:
+        if on_abandon is not None:
+            on_abandon(result)
+
+    def settle(result: Any, error: BaseException | None) -> None:  # on the event loop
+        if done.cancelled():
+            if error is None:
+                abandon(result)
+        elif error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
 
     def run() -> None:
+        result, error = None, None
         try:
-            box["result"] = fn(*args)
+            result = fn(*args)
         except BaseException as e:  # re-raised on the caller's side
-            box["error"] = e
+            error = e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the event loop is closed: nobody will take the result
+            if error is None:
+                abandon(result)
 
-    thread = threading.Thread(target=run, name=f"genserve-{getattr(fn, '__name__', 'work')}",
-                              daemon=True)
-    thread.start()
-    await asyncio.to_thread(thread.join)  # the executor's thread only waits
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
+    threading.Thread(target=run, name=f"genserve-{getattr(fn, '__name__', 'work')}",
+                     daemon=True).start()
+    try:
+        return await done
+    except asyncio.CancelledError:  # cancelled after the result came, before it was taken
+        if done.done() and not done.cancelled() and done.exception() is None:
+            abandon(done.result())
+        raise
 
 # Where a request's results go on the event loop: a stream's queue, or a unary call's future.
 Waiter = asyncio.Queue | asyncio.Future
@@ -90,6 +118,8 @@ class AsyncEngine:
         # never the scheduler's own containers (iterating those mid-step would race).
         self._lock = threading.Lock()
         self._pending_adds = 0
+        self._leasing = 0  # requests loading their adapter or waiting for its slot
+        self._adapter_waits: set[threading.Event] = set()  # their cancel events (event loop)
         self._waiting_snapshot = -engine.config.max_num_seqs  # LLMEngine.backlog(): seats
 
     @classmethod
@@ -149,21 +179,42 @@ class AsyncEngine:
         Cheap, so a server asks before any costly work (tokenizing, compiling a grammar)
         for a call that cannot run; ``_admit`` asks too, for callers of this API."""
         with self._lock:
-            full = self._waiting_snapshot + self._pending_adds >= self.config.max_waiting
+            full = (self._waiting_snapshot + self._pending_adds + self._leasing
+                    >= self.config.max_waiting)
         if full:
             raise QueueFullError(f"waiting queue is full ({self.config.max_waiting} requests)")
 
     async def lease_adapter(self, adapter_id: str) -> AdapterLease | None:
         """A lease on the LoRA adapter ``adapter_id`` ('' = the base model: None), loaded
-        on first use in a thread of its own (never on the event loop or the engine thread).
-        ``AdapterError`` (INVALID_ARGUMENT) for a bad or unknown adapter."""
+        on first use in a thread of its own (never on the event loop or the engine thread),
+        after waiting in line for a slot while every slot is held (``--max-lora-wait-s``;
+        such a request counts against ``max_waiting``). ``AdapterError``
+        (INVALID_ARGUMENT) for a bad or unknown adapter, ``AdapterSlotsFull``
+        (RESOURCE_EXHAUSTED) when the wait ran out. A cancelled caller (its client gone,
+        its deadline passed) stops the wait, and a lease that came anyway is released."""
         if not adapter_id:
             return None
         registry = self._adapters(adapter_id)
         lease = registry.lease_resident(adapter_id)
-        if lease is None:
-            lease = await in_own_thread(registry.acquire, adapter_id)
-        return lease
+        if lease is not None:
+            return lease
+        cancel = threading.Event()
+        self._adapter_waits.add(cancel)
+        with self._lock:
+            self._leasing += 1
+        try:
+            return await in_own_thread(registry.acquire, adapter_id, cancel,
+                                       on_abandon=AdapterLease.release)
+        except asyncio.CancelledError:
+            registry.stop_waiting(cancel)
+            raise
+        except concurrent.futures.CancelledError:  # abort_all: the server is shutting down
+            raise EngineDeadError(f"server is shutting down (the request was waiting for "
+                                  f"adapter {adapter_id!r})") from None
+        finally:
+            self._adapter_waits.discard(cancel)
+            with self._lock:
+                self._leasing -= 1
 
     def _adapters(self, adapter_id: str) -> AdapterRegistry:
         if self.engine.adapters is None:
@@ -275,9 +326,14 @@ class AsyncEngine:
         self._post(("abort", request_id))
 
     def abort_all(self) -> None:
-        """End every request now (finish reason ABORTED): a drain's grace is running out."""
+        """End every request now (finish reason ABORTED): a drain's grace is running out.
+        Requests still waiting for an adapter slot end too (UNAVAILABLE), rather than take
+        the slots the aborted ones free."""
         for request_id in list(self._waiters):
             self.abort(request_id)
+        if self.engine.adapters is not None:
+            for cancel in list(self._adapter_waits):
+                self.engine.adapters.stop_waiting(cancel)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -79,6 +79,9 @@ class EngineConfig:
     adapter_cache: str | None = None
     max_loras: int = 4  # adapters resident at once (LRU); their rows may share one step
     max_lora_rank: int = 16  # highest LoRA rank accepted (sizes the runner's adapter slots)
+    # Seconds a request for a non-resident adapter waits in line for a slot while every
+    # slot is held by running requests, before RESOURCE_EXHAUSTED (0: refused at once).
+    max_lora_wait_s: float = 60.0
 
     def step_token_budget(self) -> int:
         """``max_num_batched_tokens`` with 0 resolved for the device (torch is imported

@@ -93,7 +93,8 @@ class LLMEngine:
             self.runner.max_rows_per_seq = self.speculator.k + 1  # batch expansion's rows
         # LoRA adapters by id (--adapter-cache); None = adapters off
         self.adapters = (AdapterRegistry(config.adapter_cache, config.max_loras,
-                                         config.max_lora_rank, self.runner)
+                                         config.max_lora_rank, self.runner,
+                                         config.max_lora_wait_s)
                          if config.adapter_cache else None)
         self.info.max_loras = config.max_loras if self.adapters is not None else 0
         if self.adapters is not None and self.runner.max_loras < 1:
@@ -380,4 +381,6 @@ class LLMEngine:
                            spec=dataclasses.replace(spec),
                            prefix_cache_queries=alloc.stats.queries,
                            prefix_cache_hits=alloc.stats.hits,
-                           prefix_cache_blocks=alloc.num_cached)
+                           prefix_cache_blocks=alloc.num_cached,
+                           num_adapter_waiting=(self.adapters.waiting
+                                                if self.adapters is not None else 0))

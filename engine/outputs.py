@@ -137,6 +137,7 @@ class EngineStats:
     # requests (not sequences) with a sequence running / with every sequence waiting
     num_requests_running: int = 0
     num_requests_waiting: int = 0
+    num_adapter_waiting: int = 0  # requests waiting for a LoRA adapter slot (not yet queued)
 
     @property
     def kv_usage(self) -> float:

@@ -50,6 +50,16 @@ def _int_at_least(low: int):
 
 positive_int, non_negative_int = _int_at_least(1), _int_at_least(0)
 
+
+def non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
 # Flag groups that set one config dataclass's fields, a flag a field: (flag, field, kind,
 # help). A flag's default is its field's default; ``kind`` is the flag's argparse type, a
 # tuple of choices, or ``bool`` for a switch. ``_add_flags`` adds a group to the parser and
@@ -118,6 +128,9 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "share a step"),
     ("--max-lora-rank", "max_lora_rank", positive_int,
      "highest LoRA rank accepted (with --max-loras it sizes each layer's adapter slots)"),
+    ("--max-lora-wait-s", "max_lora_wait_s", non_negative_seconds,
+     "seconds a request for an adapter not resident waits in line for a slot while every "
+     "--max-loras slot is held by running requests, then RESOURCE_EXHAUSTED (0: at once)"),
     ("--tensor-parallel-size", "tensor_parallel_size", positive_int,
      "shard the model's attention heads and MLP over this many processes (torch runner; "
      "gloo on CPU, NCCL on CUDA, one GPU each); this process is rank 0"),

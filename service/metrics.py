@@ -160,6 +160,9 @@ _ENGINE_METRICS: list[tuple[Callable[..., Metric], str, str, Callable[[EngineSta
      lambda s: s.num_running),
     (_G, "genserve_engine_requests", "requests in the engine (waiting or running)",
      lambda s: s.num_requests),
+    (_G, "genserve_adapter_waiting_requests", "requests waiting in line for a LoRA adapter "
+     "slot (every --max-loras slot held by running requests)",
+     lambda s: s.num_adapter_waiting),
     (_G, "genserve_kv_cache_usage_ratio", "fraction of KV-cache blocks in use (0..1)",
      lambda s: s.kv_usage),
     (_G, "genserve_kv_cache_blocks", "KV-cache blocks in total", lambda s: s.kv_blocks_total),

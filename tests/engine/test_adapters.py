@@ -1,15 +1,19 @@
 """The adapter registry: PEFT LoRA adapters by id, checked against the model, loaded once
 on first use (also under concurrent first uses), leased per request, LRU-evicted only when
-unleased; every bad adapter is an ``AdapterError`` naming the id and the reason, and a
-failed load leaves nothing behind."""
+unleased; with every slot leased a request waits in line for one (first come first served,
+bounded, cancellable); every bad adapter is an ``AdapterError`` naming the id and the
+reason, and a failed load leaves nothing behind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import threading
 import time
+from concurrent.futures import CancelledError
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,11 +21,14 @@ from safetensors.torch import load_file, save_file
 
 from engine.adapters import (
     AdapterError,
+    AdapterLease,
     AdapterRegistry,
     AdapterSlotsFull,
     LoraAdapter,
     check_adapter_id,
 )
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.runners.torch.lora import LoraLayers
 
 
@@ -54,8 +61,9 @@ def cache(tmp_path, lora_cache) -> Path:
 
 
 def registry(cache: Path, model_dir: Path, max_loras: int = 2, max_rank: int = 8,
-             delay_s: float = 0.0) -> AdapterRegistry:
-    return AdapterRegistry(cache, max_loras, max_rank, FitRunner(model_dir, max_loras, delay_s))
+             delay_s: float = 0.0, wait_s: float = 0.0) -> AdapterRegistry:
+    return AdapterRegistry(cache, max_loras, max_rank, FitRunner(model_dir, max_loras, delay_s),
+                           wait_s)
 
 
 def broken(cache: Path, name: str, *, config: dict | None = None,
@@ -136,7 +144,7 @@ def test_least_recently_used_unleased_adapter_is_evicted_and_reloads(cache, tiny
     lease = reg.acquire("a2")  # the one slot is reused: a1 evicted
     assert [a.adapter_id for a in reg.resident()] == ["a2"] and lease.slot == 1
     with pytest.raises(AdapterSlotsFull, match="--max-loras"):
-        reg.acquire("a1")  # a2 is leased: it is not evicted under a running request
+        reg.acquire("a1")  # a2 is leased: not evicted under a running request (no wait)
     lease.release()
     reg.acquire("a1")
     assert loads == [(1, "a1"), (1, "a2"), (1, "a1")]
@@ -174,3 +182,209 @@ def test_adapter_config_scaling_is_folded_into_b(cache, tiny_model_dir):
     raw = load_file(str(cache / "a1" / "adapter_model.safetensors"))
     key = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
     assert torch.equal(a1.weights["model.layers.0.self_attn.q_proj"].b, raw[key] * 2.0)
+
+
+def wait_until(pred, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class Acquiring(threading.Thread):
+    """``reg.acquire(adapter_id, cancel)`` in a thread; its lease or error kept."""
+
+    def __init__(self, reg: AdapterRegistry, adapter_id: str,
+                 cancel: threading.Event | None = None) -> None:
+        super().__init__(daemon=True)
+        self.reg, self.adapter_id, self.cancel = reg, adapter_id, cancel
+        self.result: AdapterLease | BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self.reg.acquire(self.adapter_id, self.cancel)
+        except BaseException as e:
+            self.result = e
+
+
+def holders(reg: AdapterRegistry) -> list[tuple[str, int]]:
+    return [(a.adapter_id, a.active_requests) for a in reg.resident()]
+
+
+def test_a_request_for_another_adapter_waits_for_a_slot_and_gets_the_first_one_freed(
+        cache, tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    held = reg.acquire("a1")
+    waiter = Acquiring(reg, "a2")
+    assert wait_until(lambda: reg.waiting == 1)
+    time.sleep(0.1)
+    assert waiter.is_alive() and holders(reg) == [("a1", 1)]  # a1 is not evicted under it
+    released = time.monotonic()
+    held.release()
+    waiter.join(10)
+    assert isinstance(waiter.result, AdapterLease) and waiter.result.slot == 1
+    assert time.monotonic() - released < 5
+    assert holders(reg) == [("a2", 1)] and reg.waiting == 0
+
+
+def test_waiters_for_different_adapters_get_slots_first_come_first_served(cache,
+                                                                           tiny_model_dir):
+    shutil.copytree(cache / "a1", cache / "a3")
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    held = reg.acquire("a1")
+    first = Acquiring(reg, "a2")
+    assert wait_until(lambda: reg.waiting == 1)
+    second = Acquiring(reg, "a3")
+    assert wait_until(lambda: reg.waiting == 2)
+    held.release()
+    # a1, now held by no one, is the first waiter's to evict: not leased again meanwhile
+    assert reg.lease_resident("a1") is None
+    first.join(10)
+    assert isinstance(first.result, AdapterLease) and first.result.adapter_id == "a2"
+    time.sleep(0.1)
+    assert second.is_alive() and reg.waiting == 1  # a2 is held: the second still waits
+    first.result.release()
+    second.join(10)
+    assert isinstance(second.result, AdapterLease) and second.result.adapter_id == "a3"
+    assert reg.runner.loads == [(1, "a1"), (1, "a2"), (1, "a3")]  # type: ignore[attr-defined]
+
+
+def test_a_newcomer_queues_behind_a_waiter_rather_than_taking_the_slot_freed_for_it(
+        cache, tiny_model_dir):
+    shutil.copytree(cache / "a1", cache / "a3")
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=1.5)
+    held = reg.acquire("a1")
+    first = Acquiring(reg, "a2")
+    assert wait_until(lambda: reg.waiting == 1)
+    held.release()
+    with pytest.raises(AdapterSlotsFull, match="adapter 'a3'"):
+        reg.acquire("a3")  # here at once, but second in line: the slot goes to a2
+    first.join(5)
+    assert isinstance(first.result, AdapterLease) and holders(reg) == [("a2", 1)]
+
+
+def test_a_wait_that_runs_out_is_slots_full_naming_the_adapter_and_the_wait(cache,
+                                                                          tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=0.3)
+    held = reg.acquire("a1")
+    start = time.monotonic()
+    with pytest.raises(AdapterSlotsFull) as e:
+        reg.acquire("a2")
+    assert time.monotonic() - start >= 0.3
+    assert "adapter 'a2'" in str(e.value) and "0.3 s (--max-lora-wait-s)" in str(e.value)
+    assert "--max-loras" in str(e.value)
+    assert reg.waiting == 0 and holders(reg) == [("a1", 1)]
+    held.release()
+    assert reg.acquire("a2").slot == 1  # the slot is free for the next request
+
+
+def test_a_cancelled_wait_ends_at_once_and_holds_no_slot(cache, tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    held = reg.acquire("a1")
+    cancel = threading.Event()
+    waiter = Acquiring(reg, "a2", cancel)
+    assert wait_until(lambda: reg.waiting == 1)
+    reg.stop_waiting(cancel)
+    waiter.join(5)
+    assert not waiter.is_alive() and isinstance(waiter.result, CancelledError)
+    assert reg.waiting == 0
+    held.release()
+    assert holders(reg) == [("a1", 0)]  # a2 never loaded, nothing leased
+    assert reg.runner.loads == [(1, "a1")]  # type: ignore[attr-defined]
+
+
+def test_a_load_finishing_after_its_caller_cancelled_releases_its_lease(cache,
+                                                                       tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, delay_s=0.3)
+    cancel = threading.Event()
+    loader = Acquiring(reg, "a1", cancel)
+    assert wait_until(lambda: "a1" in reg._loading)
+    reg.stop_waiting(cancel)
+    loader.join(5)
+    assert isinstance(loader.result, CancelledError)
+    assert holders(reg) == [("a1", 0)]  # loaded (the work is kept), but not leased
+
+
+def async_engine_over(reg: AdapterRegistry, **config_kw) -> AsyncEngine:
+    """An AsyncEngine whose engine is only the registry (lease_adapter needs no more)."""
+    stand_in = SimpleNamespace(adapters=reg, tokenizer=None, info=None,
+                               config=EngineConfig(model="unused", **config_kw))
+    return AsyncEngine(stand_in)  # type: ignore[arg-type]
+
+
+def test_a_cancelled_lease_adapter_call_leaves_no_lease_and_no_waiting_thread(
+        cache, tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    engine = async_engine_over(reg)
+
+    def acquiring_threads() -> int:
+        return sum(t.name == "genserve-acquire" for t in threading.enumerate())
+
+    async def main() -> None:
+        held = await engine.lease_adapter("a1")
+        assert held is not None
+        task = asyncio.create_task(engine.lease_adapter("a2"))
+        for _ in range(500):
+            if reg.waiting:
+                break
+            await asyncio.sleep(0.01)
+        assert reg.waiting == 1 and engine._leasing == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert engine._leasing == 0
+        held.release()
+
+    asyncio.run(main())
+    assert wait_until(lambda: acquiring_threads() == 0, 5)
+    assert reg.waiting == 0 and holders(reg) == [("a1", 0)]
+
+
+def test_abort_all_ends_waits_for_a_slot_as_shutting_down_leaving_nothing_held(
+        cache, tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    engine = async_engine_over(reg)
+
+    async def main() -> None:
+        held = await engine.lease_adapter("a1")
+        assert held is not None
+        task = asyncio.create_task(engine.lease_adapter("a2"))
+        for _ in range(500):
+            if reg.waiting:
+                break
+            await asyncio.sleep(0.01)
+        engine.abort_all()  # a drain's grace runs out
+        with pytest.raises(EngineDeadError, match="shutting down.*'a2'"):
+            await asyncio.wait_for(task, 5)
+        held.release()
+
+    asyncio.run(main())
+    assert reg.waiting == 0 and holders(reg) == [("a1", 0)]
+
+
+def test_requests_waiting_for_a_slot_count_against_the_waiting_queue_bound(cache,
+                                                                          tiny_model_dir):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    engine = async_engine_over(reg, max_num_seqs=1, max_waiting=1)  # one seat, one waiting
+
+    async def main() -> None:
+        held = await engine.lease_adapter("a1")
+        assert held is not None
+        engine.check_queue()
+        waits = [asyncio.create_task(engine.lease_adapter("a2")) for _ in range(2)]
+        for _ in range(500):
+            if reg.waiting == 2:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(QueueFullError):  # a seat and the one waiting place are spoken for
+            engine.check_queue()
+        for task in waits:
+            task.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        engine.check_queue()
+        held.release()
+
+    asyncio.run(main())

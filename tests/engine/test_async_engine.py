@@ -353,6 +353,37 @@ def test_torch_work_in_own_thread_leaves_no_openmp_team_behind():
         torch.set_num_threads(before_threads)
 
 
+def test_in_own_thread_hands_what_a_cancelled_caller_left_to_on_abandon():
+    """A caller cancelled while ``fn`` runs gives up its result: it goes to ``on_abandon``
+    (an adapter lease is released there), not nowhere."""
+    from engine.async_engine import in_own_thread
+
+    abandoned: list[object] = []
+    gone = threading.Event()
+    result = object()
+
+    def slow() -> object:
+        time.sleep(0.2)
+        return result
+
+    def on_abandon(value: object) -> None:
+        abandoned.append(value)
+        gone.set()
+
+    async def main() -> None:
+        task = asyncio.create_task(in_own_thread(slow, on_abandon=on_abandon))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert abandoned == []  # slow() is still running
+        await asyncio.to_thread(gone.wait, 5)
+        assert await in_own_thread(slow, on_abandon=on_abandon) is result  # taken: kept
+
+    asyncio.run(main())
+    assert abandoned == [result]
+
+
 def test_in_own_thread_raises_the_functions_error():
     from engine.async_engine import in_own_thread
 

@@ -1,12 +1,15 @@
 """LoRA adapters over gRPC: ``GenerateRequest.adapter_id`` and TGIS ``adapter_id`` run the
 named adapter (greedy tokens equal transformers with the LoRA merged), batches mix
-adapters, GetModelInfo lists the resident ones, and every bad adapter is INVALID_ARGUMENT
-naming the id and the reason while the server goes on serving everyone else."""
+adapters, GetModelInfo lists the resident ones, every bad adapter is INVALID_ARGUMENT
+naming the id and the reason while the server goes on serving everyone else, and a request
+for another adapter while every slot is held waits for one (RESOURCE_EXHAUSTED only when
+the wait runs out)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -19,7 +22,7 @@ from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.validation import ServiceLimits
 from tests.lora_adapters import hf_greedy, merged_model
-from tests.service.conftest import start_server, stop_server
+from tests.service.conftest import start_server, stop_server, wait_until
 
 NEW = 6
 PROMPT_IDS = [1, 2, 3, 40, 50, 60, 70]
@@ -160,3 +163,73 @@ def test_model_info_lists_resident_adapters(channel):
     assert a1.load_seconds > 0
     assert len(info.adapters) <= 2 and not {"nope", "corrupt"} & {
         a.adapter_id for a in info.adapters}
+
+
+@pytest.fixture(scope="module")
+def one_slot(tiny_model_dir, cache):
+    """A server with one adapter slot (--max-loras 1)."""
+    engine = AsyncEngine.from_config(EngineConfig(
+        model=str(tiny_model_dir), max_model_len=128, adapter_cache=str(cache), max_loras=1,
+        enforce_eager=True))
+    running, _ = start_server(engine, ServiceLimits(max_batch_size=8), structured=None)
+    yield running
+    stop_server(running)
+
+
+@pytest.fixture
+def one_slot_stub(one_slot):
+    with grpc.insecure_channel(one_slot.address) as ch:
+        yield pb_grpc.GenerationServiceStub(ch)
+
+
+def waiting_gauge(running) -> float | None:
+    return running.server.metrics.registry.get_sample_value(
+        "genserve_adapter_waiting_requests")
+
+
+def hold_slot(running, adapter_id: str):
+    """A lease on ``adapter_id`` taken as a running request's: its slot stays held."""
+    engine = running.server.engine
+    return running.call(lambda: engine.lease_adapter(adapter_id))
+
+
+def test_with_one_slot_a_request_for_another_adapter_waits_for_it_and_is_served(
+        one_slot, one_slot_stub, references):
+    held = hold_slot(one_slot, "a1")  # as if a long a1 request were running
+    stub = one_slot_stub
+    with ThreadPoolExecutor(2) as pool:
+        a2 = pool.submit(stub.Generate, native_request("a2"), timeout=60)
+        a1 = pool.submit(stub.Generate, native_request("a1"), timeout=60)
+        assert list(a1.result(60).completions[0].token_ids) == references["a1"]
+        assert wait_until(lambda: waiting_gauge(one_slot) == 1)
+        assert not a2.done()  # not RESOURCE_EXHAUSTED: in line for the slot
+        held.release()
+        assert list(a2.result(60).completions[0].token_ids) == references["a2"]
+    assert waiting_gauge(one_slot) == 0
+
+
+def test_a_wait_for_a_slot_ends_in_resource_exhausted_or_at_the_client_deadline(
+        one_slot, one_slot_stub, references):
+    stub = one_slot_stub
+    held = hold_slot(one_slot, "a1")
+    registry = one_slot.server.engine.engine.adapters
+    registry.wait_s = 0.3
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Generate(native_request("a2"), timeout=60)
+        assert e.value.code() == Code.RESOURCE_EXHAUSTED
+        assert "adapter 'a2'" in e.value.details()
+        assert "0.3 s (--max-lora-wait-s)" in e.value.details()
+        registry.wait_s = 60
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Generate(native_request("a2"), timeout=0.5)
+        assert e.value.code() == Code.DEADLINE_EXCEEDED
+        assert wait_until(lambda: waiting_gauge(one_slot) == 0)  # the wait ended with it
+    finally:
+        held.release()
+        registry.wait_s = 60
+    # nothing is left holding the slot: a2 gets it
+    assert list(stub.Generate(native_request("a2"), timeout=60).completions[0].token_ids) \
+        == references["a2"]
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert [(a.adapter_id, a.active_requests) for a in info.adapters] == [("a2", 0)]

@@ -65,6 +65,21 @@ def test_long_prefill_flags_reach_the_engine_config(monkeypatch):
     assert seen.engine.max_long_partial_prefills == 2
 
 
+def test_max_lora_wait_flag_reaches_the_engine_config(monkeypatch):
+    assert _served_config(monkeypatch, []).engine.max_lora_wait_s == 60.0
+    assert _served_config(monkeypatch, ["--max-lora-wait-s", "2.5"]).engine.max_lora_wait_s \
+        == 2.5
+    assert _served_config(monkeypatch, ["--max-lora-wait-s", "0"]).engine.max_lora_wait_s == 0
+
+
+@pytest.mark.parametrize("wait", ["-1", "soon", "inf", "nan"])
+def test_bad_max_lora_wait_exits_with_usage(wait, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--max-lora-wait-s", wait])
+    assert e.value.code == 2
+    assert "--max-lora-wait-s" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["--long-prefill-token-threshold", "-1"],
                                   ["--max-long-partial-prefills", "0"]])
 def test_bad_long_prefill_flags_exit_with_usage(argv):
