@@ -33,7 +33,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from structured.compile_worker import CompileAborted, CompileWorkers, WorkerSetup
+from structured.compile_worker import (
+    READY_TIMEOUT_S,
+    CompileAborted,
+    CompileWorkers,
+    WorkerSetup,
+)
 from structured.config import StructuredConfig
 from structured.grammar import CompiledGrammar, StructuredBackend
 from structured.llguidance_backend import LLGuidanceBackend, UnsupportedSpec
@@ -86,6 +91,10 @@ class _Entry:
     future: Future
     requests: int = 0
     accelerating: bool = False
+
+
+# Beyond every bound the workers enforce: only a wedged compile thread meets it.
+WEDGED_SLACK_S = 30.0
 
 
 class StructuredOutputs:
@@ -142,9 +151,14 @@ class StructuredOutputs:
         fut = self._cached(spec)
         try:
             # shield: one caller's cancellation must not cancel a compile others await;
-            # the workers enforce the time limit, this only bounds a wedged thread.
-            factory = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)),
-                                             self.config.compile_timeout_s + 30)
+            # the workers enforce the time limit, this only bounds a wedged thread. A
+            # worker that must start first may take READY_TIMEOUT_S (bounded there): its
+            # start is not the compile's time (under heavy load it overran a bound of the
+            # compile limit + 30 s and a valid spec was refused as too slow).
+            factory = await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(fut)),
+                READY_TIMEOUT_S + len(self.backends) * self.config.compile_timeout_s
+                + WEDGED_SLACK_S)
         except TimeoutError:
             raise ValueError(f"{prefix}{spec.kind}: compiling took too long") from None
         except ValueError as e:

@@ -132,6 +132,29 @@ def test_close_never_waits_on_a_running_compile(tokenizer):
     assert asyncio.run(compile_then_close()) < 3
 
 
+def test_a_slow_worker_start_is_not_counted_as_compile_time(tokenizer, monkeypatch):
+    """A worker that takes longer to start than the compile limit (a loaded machine
+    importing torch) still serves the spec: only its compile is timed."""
+    import structured.compile_worker as cw
+    import structured.manager as manager
+
+    monkeypatch.setattr(manager, "WEDGED_SLACK_S", 0.5)
+    real = cw._Worker.wait_ready
+
+    def slow_start(self, closing):
+        time.sleep(4.5)  # beyond every backend's compile_timeout_s + the slack
+        real(self, closing)
+
+    monkeypatch.setattr(cw._Worker, "wait_ready", slow_start)
+    so = StructuredOutputs(tokenizer, len(tokenizer), [tokenizer.eos_token_id],
+                           StructuredConfig(compile_timeout_s=1.0, accelerate_after=0))
+    try:
+        got = factory(so, StructuredSpec("json_schema", SCHEMA, backend=XGRAMMAR))
+        assert got.backend == XGRAMMAR
+    finally:
+        so.close()
+
+
 def test_unknown_whitespace_mode_is_refused(outputs):
     with pytest.raises(ValueError, match="whitespace"):
         factory(outputs, StructuredSpec("json_object", "", AUTO, whitespace="lots"))
