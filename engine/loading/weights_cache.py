@@ -144,6 +144,12 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | Non
         log.warning("cannot read %s for the weights cache (%s): loading it directly", gguf, e)
         return None
     entry = root / f"{gguf.stem}-{key[:20]}"
+    unread = _remembered_unread(entry, key)
+    if unread is not None:
+        log.info("%s: transformers cannot read GGUF architecture %s (remembered from an "
+                 "earlier start), so there is no converted copy (the llama.cpp runner needs "
+                 "none)", gguf.name, unread)
+        return None
     if entry.exists():
         problem = check_entry(entry, key)
         if problem is None:
@@ -155,13 +161,43 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | Non
     except Exception as e:  # the cache is an optimisation: never the reason a start fails
         unread = _UNREAD_ARCHITECTURE.search(str(e))
         if unread:
+            architecture = unread.group(1).rstrip(".")
             log.info("%s: transformers cannot read GGUF architecture %s, so there is no "
                      "converted copy to cache (the llama.cpp runner needs none)", gguf.name,
-                     unread.group(1).rstrip("."))
+                     architecture)
+            _remember_unread(entry, key, architecture)
             return None
         log.warning("could not cache the converted weights of %s in %s (%s): loading the "
                     ".gguf directly, which is slower", gguf.name, root, e)
         return None
+
+
+def _unread_marker(entry: Path) -> Path:
+    return entry.with_name(entry.name + ".unreadable.json")
+
+
+def _remembered_unread(entry: Path, key: str) -> str | None:
+    """The architecture an earlier start found transformers cannot read, for this very
+    file and this transformers version (a newer one may read it): each start otherwise
+    paid a tokenizer parse to be refused again."""
+    try:
+        marker = json.loads(_unread_marker(entry).read_text())
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(marker, dict) or marker.get("key") != key
+            or marker.get("transformers") != _transformers_version()):
+        return None
+    return str(marker.get("architecture", "?"))
+
+
+def _remember_unread(entry: Path, key: str, architecture: str) -> None:
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        _unread_marker(entry).write_text(json.dumps({
+            "key": key, "transformers": _transformers_version(),
+            "architecture": architecture}))
+    except OSError:  # the cache is an optimisation: the next start just asks again
+        pass
 
 
 def _build(gguf: Path, key: str, entry: Path, convert: Converter) -> Path:
