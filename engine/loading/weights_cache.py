@@ -144,11 +144,11 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | Non
         log.warning("cannot read %s for the weights cache (%s): loading it directly", gguf, e)
         return None
     entry = root / f"{gguf.stem}-{key[:20]}"
-    unread = _remembered_unread(entry, key)
-    if unread is not None:
+    remembered = _remembered_unread(entry, key)
+    if remembered is not None:
         log.info("%s: transformers cannot read GGUF architecture %s (remembered from an "
                  "earlier start), so there is no converted copy (the llama.cpp runner needs "
-                 "none)", gguf.name, unread)
+                 "none)", gguf.name, remembered)
         return None
     if entry.exists():
         problem = check_entry(entry, key)
