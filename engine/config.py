@@ -116,9 +116,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped; no request can be served."""
 
 
-class WorkerLostError(RuntimeError):
+class WorkerLostError(EngineDeadError):
     """A tensor-parallel worker died or a collective failed: the model cannot run a step
-    any more. The server reports NOT_SERVING and exits non-zero, to be restarted."""
+    any more. The server reports NOT_SERVING and exits non-zero, to be restarted (a
+    request that meets it, e.g. loading an adapter, gets UNAVAILABLE)."""
 
 
 class RequestError(ValueError):

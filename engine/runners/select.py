@@ -104,10 +104,6 @@ def create_runner(config: EngineConfig, share_weights: Runner | None = None) -> 
     if share_weights is not None and share_weights.tp is not None:
         raise ValueError("a tensor-parallel runner's sharded weights cannot be shared")
     if share_weights is None and config.tensor_parallel_size > 1:
-        if config.adapter_cache:
-            raise ValueError("--adapter-cache with --tensor-parallel-size "
-                             f"{config.tensor_parallel_size}: LoRA adapters are not sharded "
-                             "over tensor-parallel ranks yet; serve adapters on one device")
         return _tensor_parallel_runner(config)
     return ModelRunner(config, share_weights)
 

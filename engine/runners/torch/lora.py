@@ -18,6 +18,12 @@ step and CUDA graphs take it as is). The price is the LoRA matmuls over every sl
 layer itself (18% for S * R = 64 over SmolLM2-135M's layers). Eagerly, a step with no
 adapter row skips the hooks entirely, and a layer no resident adapter targets skips its
 own.
+
+With tensor parallelism each rank's stacks hold its share of every adapter, cut as its
+layer was (``tp_shard.LinearShard``): B's output rows of a column-parallel layer, A's
+input columns of a row-parallel one, whose partial LoRA term the all-reduce then sums
+(the hook is prepended, so it runs before the all-reduce hook). Adapters are checked
+against the full layer's shape, on rank 0, before any rank writes them.
 """
 
 from __future__ import annotations
@@ -34,12 +40,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.adapters import AdapterError, LoraAdapter
+from engine.runners.torch.tp_shard import LinearShard, linear_shard
 
 
 @dataclass(eq=False)
 class _Stack:
-    a: torch.Tensor  # [in, S * R]
+    a: torch.Tensor  # [in, S * R]   (this rank's share with tensor parallelism)
     b: torch.Tensor  # [S * R, out]
+    fan_in: int  # the full layer's, as adapters are made for it
+    fan_out: int
+    shard: LinearShard | None  # how this rank's layer was cut (None: whole)
     targeted: set[int] = field(default_factory=set)  # slots whose adapter targets this layer
 
 
@@ -70,16 +80,27 @@ class LoraLayers:
         for name, mod in model.named_modules():
             if not isinstance(mod, nn.Linear) or mod is head:
                 continue
+            shard = linear_shard(mod)
             stack = _Stack(torch.zeros(mod.in_features, width, dtype=dtype, device=device),
-                           torch.zeros(width, mod.out_features, dtype=dtype, device=device))
+                           torch.zeros(width, mod.out_features, dtype=dtype, device=device),
+                           shard.full_in if shard else mod.in_features,
+                           shard.full_out if shard else mod.out_features, shard)
             self.stacks[name] = stack
-            mod.register_forward_hook(partial(_apply, self, stack))
+            # First among the layer's hooks: a row-parallel layer's partial LoRA term must
+            # be in its all-reduce (tp_shard.reduce_row_parallel).
+            mod.register_forward_hook(partial(_apply, self, stack), prepend=True)
 
     # ---- adapters --------------------------------------------------------------------
 
     def load(self, slot: int, adapter: LoraAdapter) -> None:
         """Write ``adapter`` into ``slot`` of every layer (zeros where it has no weights),
         after checking that it fits: ``AdapterError`` otherwise, nothing written."""
+        self.check(slot, adapter)
+        self.write(slot, adapter)
+
+    def check(self, slot: int, adapter: LoraAdapter) -> None:
+        """``AdapterError`` unless ``adapter`` fits the model's full layers (ValueError for
+        a slot out of range)."""
         if not 1 <= slot <= self.slots:
             raise ValueError(f"adapter slot {slot} outside 1..{self.slots}")
         aid = adapter.adapter_id
@@ -96,11 +117,14 @@ class LoraLayers:
                 raise AdapterError(aid, f"target module {name!r}: the model has no linear "
                                    f"layer of that name (the LM head and embeddings cannot "
                                    f"be adapted)")
-            fan_in, fan_out = stack.a.shape[0], stack.b.shape[1]
+            fan_in, fan_out = stack.fan_in, stack.fan_out
             if weights.a.shape[1] != fan_in or weights.b.shape[0] != fan_out:
                 raise AdapterError(aid, f"module {name!r}: lora_A {list(weights.a.shape)} / "
                                    f"lora_B {list(weights.b.shape)} do not fit the layer "
                                    f"({fan_in} -> {fan_out})")
+
+    def write(self, slot: int, adapter: LoraAdapter) -> None:
+        """Copy a checked adapter into ``slot`` (this rank's share of each layer)."""
         cols = slice((slot - 1) * self.rank, slot * self.rank)
         r = adapter.rank
         with torch.no_grad():
@@ -111,8 +135,9 @@ class LoraLayers:
                 if w is None:
                     stack.targeted.discard(slot)
                     continue
-                stack.a[:, cols.start:cols.start + r].copy_(w.a.T)
-                stack.b[cols.start:cols.start + r].copy_(w.b.T)
+                a, b = stack.shard.lora(w.a, w.b) if stack.shard else (w.a, w.b)
+                stack.a[:, cols.start:cols.start + r].copy_(a.T)
+                stack.b[cols.start:cols.start + r].copy_(b.T)
                 stack.targeted.add(slot)
 
     # ---- steps -----------------------------------------------------------------------

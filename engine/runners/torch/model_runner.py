@@ -40,7 +40,7 @@ from engine.runners.torch.lora import LoraLayers
 from engine.runners.torch.model_check import check_config, check_probe
 from engine.runners.torch.packed_linear import can_pack, pack_linears
 from engine.runners.torch.tp_group import TPGroup
-from engine.runners.torch.tp_shard import drop_head, shard_model, wrap_row_parallel
+from engine.runners.torch.tp_shard import drop_head, reduce_row_parallel, shard_model
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class ModelRunner:
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)
             if tp is not None:
-                wrap_row_parallel(self.model)
+                reduce_row_parallel(self.model)
         else:
             for name in ("device", "dtype", "tokenizer", "model", "model_id"):
                 setattr(self, name, getattr(share_weights, name))
@@ -163,9 +163,25 @@ class ModelRunner:
         """Nothing kept per sequence: its KV lives in the blocks the scheduler frees."""
 
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        """Checked here against the full model first (``AdapterError``, nothing written);
+        with tensor parallelism rank 0 then sends the adapter's tensors to every worker
+        in the step stream (so a worker needs no adapter cache of its own and writes
+        exactly what rank 0 checked), and each rank writes its share of every layer."""
         if self.lora is None:
             raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
                                "slots (--adapter-cache)")
+        self.lora.check(slot, adapter)
+        if self.tp is None:
+            self.lora.write(slot, adapter)
+            return
+        with self.tp.leading(("adapter", slot, adapter)):
+            self.lora.write(slot, adapter)
+
+    def follow_adapter(self, slot: int, adapter: LoraAdapter) -> None:
+        """A worker's half of rank 0's ``load_adapter``: the same slot, this rank's share.
+        Rank 0 checked the adapter; a failure here is a bug and ends the worker (the
+        group fails: NOT_SERVING)."""
+        assert self.lora is not None, "adapter sent to a worker without adapter slots"
         self.lora.load(slot, adapter)
 
     def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:

@@ -17,14 +17,20 @@ weights held whole on rank 0 (a few per cent of a 7B+ model).
 Refused, with the reason, before any worker starts: head counts or intermediate size that
 do not divide by N, mixture-of-experts layers (experts are not sharded), norms over all
 heads (OLMo-2's q/k norm needs the full projection) and any layer part it does not know.
+
+LoRA adapters (lora.py) follow each layer's cut, recorded on it as a ``LinearShard``: a
+column-parallel layer's input is whole, so it keeps A whole and B's rows of its outputs
+(fused parts cut part by part, as the weight); a row-parallel layer keeps A's columns of
+its inputs and B whole, and adds its partial LoRA term before the all-reduce (the
+all-reduce is a forward hook that runs after the LoRA hook), so the sum over ranks is
+exactly ``x A^T B^T``.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -133,6 +139,33 @@ def check_tensor_parallel(config: Any, n: int, trust_remote_code: bool = False) 
     check_model(model, n)
 
 
+@dataclass(frozen=True)
+class LinearShard:
+    """How one rank's Linear was cut from the full layer, so that anything else sized for
+    the full layer (a LoRA adapter's A and B) is cut the same way."""
+
+    kind: Literal["column", "row"]
+    full_in: int
+    full_out: int
+    parts: tuple[int, ...]  # column: the full output's (fused) parts, each split over ranks
+    rank: int
+    size: int  # ranks in the group
+
+    def lora(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's share of a LoRA pair made for the full layer (``a [r, in]``,
+        ``b [out, r]``): B's output rows (column-parallel) or A's input columns
+        (row-parallel)."""
+        if self.kind == "column":
+            return a, _rows(b, list(self.parts), self.rank, self.size)
+        step = self.full_in // self.size
+        return a[:, self.rank * step:(self.rank + 1) * step], b
+
+
+def linear_shard(mod: nn.Module) -> LinearShard | None:
+    """The cut ``shard_model`` made of ``mod`` (None: a whole, replicated layer)."""
+    return mod.__dict__.get("_genserve_tp_shard")
+
+
 def _rows(w: torch.Tensor, parts: list[int], rank: int, n: int) -> torch.Tensor:
     """Rank's slice of each part of a column-parallel (fused) weight or bias, in order."""
     out, start = [], 0
@@ -144,6 +177,8 @@ def _rows(w: torch.Tensor, parts: list[int], rank: int, n: int) -> torch.Tensor:
 
 
 def _column(mod: nn.Linear, parts: list[int], rank: int, n: int) -> None:
+    mod.__dict__["_genserve_tp_shard"] = LinearShard("column", mod.in_features,
+                                                     mod.out_features, tuple(parts), rank, n)
     with torch.no_grad():
         mod.weight = nn.Parameter(_rows(mod.weight, parts, rank, n).clone(),
                                   requires_grad=False)
@@ -155,6 +190,8 @@ def _column(mod: nn.Linear, parts: list[int], rank: int, n: int) -> None:
 
 def _row(mod: nn.Linear, rank: int, n: int) -> None:
     """Input columns of this rank; the bias is added once, by rank 0, before the sum."""
+    mod.__dict__["_genserve_tp_shard"] = LinearShard("row", mod.in_features,
+                                                     mod.out_features, (), rank, n)
     step = mod.in_features // n
     with torch.no_grad():
         mod.weight = nn.Parameter(mod.weight[:, rank * step:(rank + 1) * step].clone(),
@@ -162,7 +199,6 @@ def _row(mod: nn.Linear, rank: int, n: int) -> None:
         if mod.bias is not None and rank != 0:
             mod.register_parameter("bias", None)
     mod.in_features = step
-    mod.__dict__["_genserve_tp_row"] = True
 
 
 def shard_model(model: nn.Module, rank: int, n: int) -> None:
@@ -199,20 +235,21 @@ def shard_model(model: nn.Module, rank: int, n: int) -> None:
                 _row(getattr(mlp, name), rank, n)
 
 
-def _row_parallel(inner: Callable[[torch.Tensor], torch.Tensor],
-                  x: torch.Tensor) -> torch.Tensor:
-    return all_reduce(inner(x))
+def _reduce_output(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor
+                   ) -> torch.Tensor:
+    return all_reduce(out)
 
 
-def wrap_row_parallel(model: nn.Module) -> int:
-    """Give every row-parallel layer its all-reduce, around whichever forward it has now
-    (oneDNN-packed or plain): call after ``pack_linears``. Returns how many."""
+def reduce_row_parallel(model: nn.Module) -> int:
+    """Give every row-parallel layer its all-reduce: a forward hook, so it follows
+    whichever forward the layer has (oneDNN-packed or plain); LoRA's hook, registered
+    later, is prepended, so its partial term is summed too. Returns how many."""
     count = 0
     for mod in model.modules():
-        if mod.__dict__.get("_genserve_tp_row") and "_genserve_tp_inner" not in mod.__dict__:
-            inner = mod.forward
-            mod.__dict__["_genserve_tp_inner"] = inner
-            mod.__dict__["forward"] = functools.partial(_row_parallel, inner)
+        shard = linear_shard(mod)
+        if shard is not None and shard.kind == "row" and \
+                "_genserve_tp_reduce" not in mod.__dict__:
+            mod.__dict__["_genserve_tp_reduce"] = mod.register_forward_hook(_reduce_output)
             count += 1
     return count
 

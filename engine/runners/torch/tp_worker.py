@@ -4,7 +4,8 @@ spawns on its node, and the loop every worker runs.
 A worker joins the group, receives rank 0's ``EngineConfig`` (so every rank loads the same
 model the same way), builds its shard's runner and then does what each message says:
 ``step`` (the same forward as rank 0, on its shard; the logits stay with rank 0),
-``warmup`` (build the compiled decode step in lockstep), ``ping``, ``stop``. Local workers
+``warmup`` (build the compiled decode step in lockstep), ``adapter`` (write a LoRA
+adapter's share into the slot rank 0 loaded it into), ``ping``, ``stop``. Local workers
 are separate processes (``python -m engine.runners.torch.tp_worker``) in their own session,
 so a terminal's Ctrl-C reaches only the server, which stops them; they die with it
 (they watch their parent) if it is killed. On another node, ``genserve worker`` runs that
@@ -129,6 +130,8 @@ def serve_worker(rdzv: Rendezvous, device: str) -> int:
                 runner.run_step(message[1], message[2])
             elif kind == "warmup":
                 runner.follow_warmup(message[1], message[2])
+            elif kind == "adapter":
+                runner.follow_adapter(message[1], message[2])
             elif kind == "stop":
                 log.info("tensor parallel: rank %d stopping", rdzv.rank)
                 return 0
