@@ -48,3 +48,29 @@ def hf_greedy(model, ids: list[int], new: int) -> list[int]:
     out = model.generate(torch.tensor([ids]), max_new_tokens=new, min_new_tokens=new,
                          do_sample=False)
     return out[0, len(ids):].tolist()
+
+
+def write_gguf_lora(path: Path, tensors: dict, *, arch: str = "llama",
+                    general_type: str = "adapter", adapter_type: str = "lora",
+                    alpha: float | None = 0.0, extra: dict | None = None) -> Path:
+    """A llama.cpp LoRA GGUF as ``convert_lora_to_gguf.py`` writes one (``tensors``: GGUF
+    name -> numpy array, e.g. "blk.0.attn_q.weight.lora_a" [r, in]); the keyword arguments
+    make it wrong on purpose. ``extra``: more keys, name -> (value, GGUFValueType, the
+    element type of an array or None)."""
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_type(general_type)
+    w.add_string(gguf.Keys.Adapter.TYPE, adapter_type)
+    if alpha is not None:
+        w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    for key, (value, vtype, sub) in (extra or {}).items():
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    for name, data in tensors.items():
+        w.add_tensor(name, data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

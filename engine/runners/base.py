@@ -104,6 +104,9 @@ class Runner(Protocol):
     # One step may hold rows of several adapter slots; False: the scheduler gives each
     # step the rows of one slot (llama.cpp sets adapters per context, not per sequence)
     supports_mixed_adapters: bool
+    # Loads an adapter's GGUF LoRA file itself (llama.cpp); False: PEFT files only, and a
+    # GGUF-only adapter is refused naming the runner that serves it
+    gguf_adapters: bool
 
     @property
     def row_cost(self) -> float:

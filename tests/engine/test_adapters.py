@@ -15,6 +15,7 @@ from concurrent.futures import CancelledError
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,12 +31,14 @@ from engine.adapters import (
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.runners.torch.lora import LoraLayers
+from tests.lora_adapters import write_gguf_lora
 
 
 class FitRunner:
     """A runner's adapter side over the tiny model's real LoRA layers, counting loads."""
 
     name = "torch"
+    gguf_adapters = False
 
     def __init__(self, model_dir: Path, max_loras: int, delay_s: float = 0.0) -> None:
         from transformers import AutoModelForCausalLM
@@ -182,6 +185,37 @@ def test_adapter_config_scaling_is_folded_into_b(cache, tiny_model_dir):
     raw = load_file(str(cache / "a1" / "adapter_model.safetensors"))
     key = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
     assert torch.equal(a1.weights["model.layers.0.self_attn.q_proj"].b, raw[key] * 2.0)
+
+
+def test_once_the_runner_holds_an_adapter_the_registry_keeps_no_copy_of_its_weights(
+        cache, tiny_model_dir):
+    from engine.adapters import read_adapter
+
+    reg = registry(cache, tiny_model_dir)
+    lease = reg.acquire("a1")
+    assert lease.resident.adapter.weights == {}
+    assert lease.fingerprint == read_adapter(cache, "a1", 8).fingerprint  # prefix-cache key
+    q = reg.runner.lora.stacks["model.layers.0.self_attn.q_proj"]  # type: ignore[attr-defined]
+    assert q.b[:4].abs().sum() > 0  # slot 1 holds a1's q_proj
+
+
+def test_the_torch_runner_reads_peft_files_beside_a_gguf_and_refuses_a_gguf_only_adapter(
+        cache, tiny_model_dir):
+    from engine.adapters import read_adapter
+
+    lora = {"blk.0.attn_q.weight.lora_a": np.ones((4, 64), np.float32),
+            "blk.0.attn_q.weight.lora_b": np.ones((64, 4), np.float32)}
+    shutil.copytree(cache / "a1", cache / "both")
+    write_gguf_lora(cache / "both" / "a1.gguf", lora)
+    write_gguf_lora(cache / "only" / "a1.gguf", lora)
+    reg = registry(cache, tiny_model_dir)
+    lease = reg.acquire("both")
+    assert lease.resident.adapter.gguf is None
+    assert lease.fingerprint == read_adapter(cache, "a1", 8).fingerprint
+    with pytest.raises(AdapterError, match=r"adapter 'only': a1.gguf: GGUF LoRA adapters are "
+                                           r"served by the llama.cpp runner only"):
+        reg.acquire("only")
+    assert [a.adapter_id for a in reg.resident()] == ["both"]
 
 
 def wait_until(pred, timeout: float = 10.0) -> bool:

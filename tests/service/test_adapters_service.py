@@ -12,6 +12,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import numpy as np
 import pytest
 
 from engine.async_engine import AsyncEngine
@@ -21,7 +22,7 @@ from fmaas import generation_pb2_grpc as tgis_grpc
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.validation import ServiceLimits
-from tests.lora_adapters import hf_greedy, merged_model
+from tests.lora_adapters import hf_greedy, merged_model, write_gguf_lora
 from tests.service.conftest import start_server, stop_server, wait_until
 
 NEW = 6
@@ -41,13 +42,17 @@ def cache(tmp_path_factory, lora_cache):
         shutil.copytree(root / "a1", root / name)
         cfg = json.loads((root / name / "adapter_config.json").read_text())
         (root / name / "adapter_config.json").write_text(json.dumps({**cfg, **change}))
+    write_gguf_lora(root / "gguf-only" / "ggml-lora-f32.gguf",
+                    {"blk.0.attn_q.weight.lora_a": np.ones((4, 64), np.float32),
+                     "blk.0.attn_q.weight.lora_b": np.ones((64, 4), np.float32)})
     return root
 
 
 BAD = [("nope", "unknown adapter"), ("../a1", "not a valid adapter id"),
        ("corrupt", "not a readable safetensors file"),
        ("rank64", "rank 64 exceeds the server's limit 16 (--max-lora-rank)"),
-       ("ia3", "unsupported PEFT type 'IA3'")]
+       ("ia3", "unsupported PEFT type 'IA3'"),
+       ("gguf-only", "GGUF LoRA adapters are served by the llama.cpp runner only")]
 
 
 @pytest.fixture(scope="module")

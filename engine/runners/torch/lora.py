@@ -83,6 +83,10 @@ class LoraLayers:
         if not 1 <= slot <= self.slots:
             raise ValueError(f"adapter slot {slot} outside 1..{self.slots}")
         aid = adapter.adapter_id
+        if adapter.gguf is not None:  # its weights are in llama.cpp's layout, not read here
+            raise AdapterError(aid, f"{adapter.gguf.file.name}: GGUF LoRA adapters are served "
+                               f"by the llama.cpp runner only (the torch runner reads PEFT "
+                               f"files: adapter_config.json + adapter_model.safetensors)")
         if adapter.rank > self.rank:
             raise AdapterError(aid, f"rank {adapter.rank} exceeds the server's limit "
                                f"{self.rank} (--max-lora-rank)")
