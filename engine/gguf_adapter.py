@@ -73,10 +73,9 @@ def read_gguf_adapter(adapter_id: str, file: Path, max_rank: int) -> LoraAdapter
     if rank > max_rank:
         raise AdapterError(adapter_id, f"rank {rank} ({base}) exceeds the server's limit "
                            f"{max_rank} (--max-lora-rank)")
-    del reader  # its memory map of the file
     with file.open("rb") as f:
         fingerprint = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).digest()
-    targets = sorted({base.removesuffix(".weight").split(".")[-1] for base in ranks})
+    targets = sorted({tensor.removesuffix(".weight").split(".")[-1] for tensor in ranks})
     return LoraAdapter(adapter_id, file.parent, rank, alpha,
                        alpha / rank if alpha else 1.0, targets, {}, fingerprint,
                        gguf=GgufLora(file, architecture))
