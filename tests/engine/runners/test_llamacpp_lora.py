@@ -261,33 +261,38 @@ def test_on_a_neox_rope_model_q_and_k_are_not_permuted(tmp_path, tokenizer_dir, 
     assert [out["q0"], out["q1"]] == want
 
 
-def gguf_of(cache: Path, src: str, engine: LLMEngine, path: Path) -> Path:
+def gguf_of(cache: Path, src: str, engine: LLMEngine, path: Path,
+            dtype: type = np.float32) -> Path:
     """The PEFT adapter ``src`` as a llama.cpp LoRA GGUF at ``path`` (the project's PEFT ->
     GGUF conversion), with lora_b unscaled and the scaling given as ``adapter.lora.alpha``
-    (llama.cpp multiplies by alpha / rank), as ``convert_lora_to_gguf.py`` writes it."""
+    (llama.cpp multiplies by alpha / rank), as ``convert_lora_to_gguf.py`` writes it
+    (its default outtype is f16)."""
     adapter = read_adapter(cache, src, 8)
     tensors = llamacpp_lora.adapter_tensors(adapter, engine.runner.adapters.base)
     for name in tensors:
         if name.endswith(".lora_b"):
             tensors[name] = tensors[name] / np.float32(adapter.scaling)
-    return write_gguf_lora(path, tensors, alpha=adapter.scaling * adapter.rank)
+    return write_gguf_lora(path, {n: t.astype(dtype) for n, t in tensors.items()},
+                           alpha=adapter.scaling * adapter.rank)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
 def test_a_gguf_adapter_is_loaded_as_it_is_and_gives_the_tokens_of_its_peft_files(
-        engine, cache, ids, merged_greedy):
+        engine, cache, ids, merged_greedy, dtype):
     registry = engine.adapters
     assert registry is not None
-    gguf_of(cache, "a1", engine, cache / "a1-gguf" / "ggml-lora-f32.gguf")
+    name = f"a1-gguf-{np.dtype(dtype).name}"
+    gguf_of(cache, "a1", engine, cache / name / "ggml-lora.gguf", dtype)
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("a GGUF adapter was converted")
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(llamacpp_lora, "adapter_tensors", no_conversion)
-        registry.acquire("a1-gguf").release()
-    out = run(engine, [(f"g{i}", p, "a1-gguf") for i, p in enumerate(ids)])
+        registry.acquire(name).release()
+    out = run(engine, [(f"g{i}", p, name) for i, p in enumerate(ids)])
     assert [out[f"g{i}"] for i in range(len(ids))] == merged_greedy["a1"]
-    listed = next(a for a in registry.resident() if a.adapter_id == "a1-gguf")
+    listed = next(a for a in registry.resident() if a.adapter_id == name)
     assert (listed.rank, listed.target_modules) == (4, ["attn_q", "attn_v", "ffn_down"])
 
 
