@@ -2,10 +2,10 @@
 
 An adapter id names a sub-directory of the adapter cache holding a PEFT LoRA adapter
 (``adapter_config.json`` + ``adapter_model.safetensors``), as vllm-tgis-adapter finds them,
-or a llama.cpp GGUF LoRA file (one ``*.gguf``: ``engine/gguf_adapter.py``), which only a
-runner that loads such files itself takes (``gguf_adapters``: llama.cpp). A directory with
-both is read as the runner prefers: the GGUF on llama.cpp (no conversion), the PEFT files
-on torch.
+or a llama.cpp GGUF LoRA file (one ``*.gguf``: ``engine/gguf_adapter.py``). A directory
+with both is read as the runner prefers (``prefers_gguf_adapters``): the GGUF on llama.cpp
+(loaded with no conversion), the PEFT files on torch (which would read the GGUF back into
+PEFT's layout).
 The first request naming an id loads it (``AdapterRegistry.acquire``, called off the
 engine thread): the files are read and checked here, then the runner copies the weights
 into one of its ``max_loras`` adapter slots (``Runner.load_adapter``), which checks them
@@ -221,7 +221,7 @@ class AdapterRunner(Protocol):
 
     name: str
     max_loras: int  # adapter slots 1..max_loras (0: this runner serves no adapters)
-    gguf_adapters: bool  # loads GGUF LoRA files itself (preferred to PEFT files beside them)
+    prefers_gguf_adapters: bool  # a GGUF LoRA file rather than PEFT files beside it
 
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None: ...
 
@@ -391,7 +391,7 @@ class AdapterRegistry:
         try:
             start = time.perf_counter()
             adapter = read_adapter(self.root, adapter_id, self.max_rank,
-                                   self.runner.gguf_adapters)
+                                   self.runner.prefers_gguf_adapters)
             self.runner.load_adapter(slot, adapter)
             adapter.weights = {}  # the runner holds its own copy; keep no second one
             adapter.load_seconds = time.perf_counter() - start

@@ -1,5 +1,6 @@
 """A LoRA adapter given as a GGUF file, as llama.cpp's ``convert_lora_to_gguf.py`` writes it:
-read and checked here, loaded by llama.cpp itself (``llama_adapter_lora_init``).
+read and checked here, loaded by llama.cpp itself (``llama_adapter_lora_init``) or read
+back into PEFT's layout by the torch runner (``engine/runners/torch/gguf_lora.py``).
 
 Why check before llama.cpp: its loader aborts the process (a ``GGML_ASSERT``) when a
 metadata key it reads has another type than it expects, and ignores tensors that are not

@@ -200,7 +200,7 @@ class LlamaCppRunner:
     supports_prefix_caching = True
     # llama.cpp sets adapters on the context, for every row of a decode: one per step
     supports_mixed_adapters = False
-    gguf_adapters = True  # a GGUF LoRA file goes to llama_adapter_lora_init as it is
+    prefers_gguf_adapters = True  # goes to llama_adapter_lora_init as it is
     failure: str | None = None  # one process: nothing else can fail under it
 
     def __init__(self, config: EngineConfig) -> None:

@@ -31,14 +31,14 @@ from engine.adapters import (
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.runners.torch.lora import LoraLayers
-from tests.lora_adapters import write_gguf_lora
+from tests.lora_adapters import gguf_lora_of, tiny_llama_base, write_gguf_lora
 
 
 class FitRunner:
     """A runner's adapter side over the tiny model's real LoRA layers, counting loads."""
 
     name = "torch"
-    gguf_adapters = False
+    prefers_gguf_adapters = False
 
     def __init__(self, model_dir: Path, max_loras: int, delay_s: float = 0.0) -> None:
         from transformers import AutoModelForCausalLM
@@ -199,23 +199,58 @@ def test_once_the_runner_holds_an_adapter_the_registry_keeps_no_copy_of_its_weig
     assert q.b[:4].abs().sum() > 0  # slot 1 holds a1's q_proj
 
 
-def test_the_torch_runner_reads_peft_files_beside_a_gguf_and_refuses_a_gguf_only_adapter(
-        cache, tiny_model_dir):
+@pytest.mark.parametrize("src", ["a1", "a2"])
+def test_the_torch_runner_reads_a_gguf_adapter_into_the_weights_of_its_peft_files(
+        cache, tiny_model_dir, src):
+    """a1 adapts q_proj and a2 k_proj (lora_b rows permuted in the GGUF, un-permuted on
+    reading), a2 with rsLoRA (its scaling as the GGUF's alpha); a directory with both
+    formats is read from its PEFT files."""
     from engine.adapters import read_adapter
 
-    lora = {"blk.0.attn_q.weight.lora_a": np.ones((4, 64), np.float32),
-            "blk.0.attn_q.weight.lora_b": np.ones((64, 4), np.float32)}
+    gguf_lora_of(cache, src, tiny_llama_base(), cache / "gguf" / f"{src}.gguf")
     shutil.copytree(cache / "a1", cache / "both")
-    write_gguf_lora(cache / "both" / "a1.gguf", lora)
-    write_gguf_lora(cache / "only" / "a1.gguf", lora)
+    write_gguf_lora(cache / "both" / "x.gguf", {})  # not even read
     reg = registry(cache, tiny_model_dir)
+    peft, gguf = reg.acquire(src), reg.acquire("gguf")
+    assert (peft.slot, gguf.slot) == (1, 2)
+    for name, stack in reg.runner.lora.stacks.items():  # type: ignore[attr-defined]
+        torch.testing.assert_close(stack.a[:, 8:], stack.a[:, :8], msg=name)
+        torch.testing.assert_close(stack.b[8:], stack.b[:8], msg=name)
+    assert any(stack.b[8:].abs().sum() > 0 for stack in reg.runner.lora.stacks.values())  # type: ignore[attr-defined]
+    peft.release()
     lease = reg.acquire("both")
     assert lease.resident.adapter.gguf is None
     assert lease.fingerprint == read_adapter(cache, "a1", 8).fingerprint
-    with pytest.raises(AdapterError, match=r"adapter 'only': a1.gguf: GGUF LoRA adapters are "
-                                           r"served by the llama.cpp runner only"):
-        reg.acquire("only")
-    assert [a.adapter_id for a in reg.resident()] == ["both"]
+
+
+@pytest.mark.parametrize(("base", "arch", "reason"), [
+    ("blk.0.attn_q.weight", "qwen2",
+     "x.gguf is an adapter of a qwen2 model, not of this llama model (general.architecture)"),
+    ("output.weight", "llama", "x.gguf: tensor 'output.weight' is no linear layer of this "
+                               "model (the torch runner adapts no LM head or embeddings)"),
+])
+def test_a_gguf_adapter_the_torch_runner_cannot_run_is_refused_naming_why(
+        cache, tiny_model_dir, base, arch, reason):
+    write_gguf_lora(cache / "x" / "x.gguf", {f"{base}.lora_a": np.ones((4, 64), np.float32),
+                                             f"{base}.lora_b": np.ones((64, 4), np.float32)},
+                    arch=arch)
+    reg = registry(cache, tiny_model_dir)
+    with pytest.raises(AdapterError) as e:
+        reg.acquire("x")
+    assert str(e.value) == f"adapter 'x': {reason}"
+    assert reg.resident() == []
+
+
+def test_gguf_adapters_of_architectures_whose_layout_is_not_known_are_refused_on_torch(
+        cache, tiny_model_dir):
+    from engine.adapters import read_adapter
+    from engine.runners.torch.gguf_lora import gguf_as_peft
+
+    gguf_lora_of(cache, "a1", tiny_llama_base(), cache / "g" / "a1.gguf")
+    config = SimpleNamespace(model_type="gemma", num_hidden_layers=2)
+    with pytest.raises(AdapterError, match=r"GGUF LoRA adapters are read on the torch runner "
+                                           r"for llama, qwen2 models only, not 'gemma'"):
+        gguf_as_peft(read_adapter(cache, "g", 8), config, ["model.layers.0.self_attn.q_proj"])
 
 
 def wait_until(pred, timeout: float = 10.0) -> bool:

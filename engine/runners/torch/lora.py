@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.adapters import AdapterError, LoraAdapter
+from engine.runners.torch.gguf_lora import gguf_as_peft
 
 
 @dataclass(eq=False)
@@ -61,6 +62,7 @@ class LoraLayers:
         self.device = device
         self.dtype = dtype
         self.stacks: dict[str, _Stack] = {}
+        self.config = model.config  # what reading a GGUF adapter needs (architecture, heads)
         self.current = _StepMask()
         # Compiled steps read the mask from here (rows filled before each run): one
         # tensor for the graphs' lifetime, sized by ``reserve_static``.
@@ -82,11 +84,9 @@ class LoraLayers:
         after checking that it fits: ``AdapterError`` otherwise, nothing written."""
         if not 1 <= slot <= self.slots:
             raise ValueError(f"adapter slot {slot} outside 1..{self.slots}")
+        if adapter.gguf is not None:  # llama.cpp's layout: read back into PEFT's
+            adapter = gguf_as_peft(adapter, self.config, self.stacks)
         aid = adapter.adapter_id
-        if adapter.gguf is not None:  # its weights are in llama.cpp's layout, not read here
-            raise AdapterError(aid, f"{adapter.gguf.file.name}: GGUF LoRA adapters are served "
-                               f"by the llama.cpp runner only (the torch runner reads PEFT "
-                               f"files: adapter_config.json + adapter_model.safetensors)")
         if adapter.rank > self.rank:
             raise AdapterError(aid, f"rank {adapter.rank} exceeds the server's limit "
                                f"{self.rank} (--max-lora-rank)")
@@ -106,7 +106,6 @@ class LoraLayers:
                                    f"lora_B {list(weights.b.shape)} do not fit the layer "
                                    f"({fan_in} -> {fan_out})")
         cols = slice((slot - 1) * self.rank, slot * self.rank)
-        r = adapter.rank
         with torch.no_grad():
             for name, stack in self.stacks.items():
                 stack.a[:, cols].zero_()
@@ -115,6 +114,7 @@ class LoraLayers:
                 if w is None:
                     stack.targeted.discard(slot)
                     continue
+                r = w.a.shape[0]  # a GGUF adapter's pairs may differ in rank
                 stack.a[:, cols.start:cols.start + r].copy_(w.a.T)
                 stack.b[cols.start:cols.start + r].copy_(w.b.T)
                 stack.targeted.add(slot)

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.adapters import AdapterError, read_adapter
+from engine.adapters import AdapterError
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading import weights_cache
@@ -34,7 +34,14 @@ from engine.runners import llamacpp_lora
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from tests.engine.runners.gguf_builder import write_gguf
-from tests.lora_adapters import ADAPTERS, hf_greedy, merged_model, save_lora, write_gguf_lora
+from tests.lora_adapters import (
+    ADAPTERS,
+    gguf_lora_of,
+    hf_greedy,
+    merged_model,
+    save_lora,
+    write_gguf_lora,
+)
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
                                 reason="llama-cpp-python is not installed")
@@ -263,17 +270,7 @@ def test_on_a_neox_rope_model_q_and_k_are_not_permuted(tmp_path, tokenizer_dir, 
 
 def gguf_of(cache: Path, src: str, engine: LLMEngine, path: Path,
             dtype: type = np.float32) -> Path:
-    """The PEFT adapter ``src`` as a llama.cpp LoRA GGUF at ``path`` (the project's PEFT ->
-    GGUF conversion), with lora_b unscaled and the scaling given as ``adapter.lora.alpha``
-    (llama.cpp multiplies by alpha / rank), as ``convert_lora_to_gguf.py`` writes it
-    (its default outtype is f16)."""
-    adapter = read_adapter(cache, src, 8)
-    tensors = llamacpp_lora.adapter_tensors(adapter, engine.runner.adapters.base)
-    for name in tensors:
-        if name.endswith(".lora_b"):
-            tensors[name] = tensors[name] / np.float32(adapter.scaling)
-    return write_gguf_lora(path, {n: t.astype(dtype) for n, t in tensors.items()},
-                           alpha=adapter.scaling * adapter.rank)
+    return gguf_lora_of(cache, src, engine.runner.adapters.base, path, dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
