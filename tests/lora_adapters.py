@@ -92,7 +92,7 @@ def gguf_lora_of(cache: Path, src: str, base, path: Path, dtype: type = np.float
         if name.endswith(".lora_b"):
             tensors[name] = tensors[name] / np.float32(adapter.scaling)
     return write_gguf_lora(path, {n: t.astype(dtype) for n, t in tensors.items()},
-                           alpha=adapter.scaling * adapter.rank)
+                           arch=base.arch, alpha=adapter.scaling * adapter.rank)
 
 
 def tiny_llama_base():

@@ -241,6 +241,26 @@ def test_a_gguf_adapter_the_torch_runner_cannot_run_is_refused_naming_why(
     assert reg.resident() == []
 
 
+@pytest.mark.parametrize(("arch", "permuted"), [("llama", True), ("qwen2", False)])
+def test_reading_a_gguf_adapter_back_gives_its_peft_weights_with_or_without_rope_permutation(
+        cache, arch, permuted):
+    from engine.adapters import read_adapter
+    from engine.runners.llamacpp_lora import BaseModel
+    from engine.runners.torch.gguf_lora import gguf_as_peft
+
+    config = SimpleNamespace(model_type=arch, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2)
+    base = BaseModel(arch, 2, 4, 2, permuted)
+    for src in ("a1", "a2"):  # q_proj, k_proj
+        peft = read_adapter(cache, src, 8)
+        gguf_lora_of(cache, src, base, cache / f"{src}-{arch}" / "x.gguf")
+        back = gguf_as_peft(read_adapter(cache, f"{src}-{arch}", 8), config, peft.weights)
+        assert sorted(back.weights) == sorted(peft.weights)
+        for module, w in peft.weights.items():
+            torch.testing.assert_close(back.weights[module].a, w.a, msg=module)
+            torch.testing.assert_close(back.weights[module].b, w.b, msg=module)
+
+
 def test_gguf_adapters_of_architectures_whose_layout_is_not_known_are_refused_on_torch(
         cache, tiny_model_dir):
     from engine.adapters import read_adapter
