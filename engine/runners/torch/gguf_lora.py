@@ -58,6 +58,8 @@ def gguf_as_peft(adapter: LoraAdapter, config: Any, modules: Iterable[str]) -> L
         if module is None:
             raise AdapterError(aid, f"{name}: tensor {base!r} is no linear layer of this model "
                                f"(the torch runner adapts no LM head or embeddings)")
+        if set(ab) != {"lora_a", "lora_b"}:  # the file changed since it was checked
+            raise AdapterError(aid, f"{name}: {base} is not one lora_a / lora_b pair")
         a, b = ab["lora_a"], ab["lora_b"]  # [r, in], [out, r]
         if permuted and module.endswith(("q_proj", "k_proj")):
             heads = (config.num_attention_heads if module.endswith("q_proj")
