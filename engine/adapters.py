@@ -1,7 +1,11 @@
 """LoRA adapters by id: read from ``--adapter-cache``, checked, kept in an LRU of slots.
 
 An adapter id names a sub-directory of the adapter cache holding a PEFT LoRA adapter
-(``adapter_config.json`` + ``adapter_model.safetensors``), as vllm-tgis-adapter finds them.
+(``adapter_config.json`` + ``adapter_model.safetensors``), as vllm-tgis-adapter finds them,
+or a llama.cpp GGUF LoRA file (one ``*.gguf``: ``engine/gguf_adapter.py``). A directory
+with both is read as the runner prefers (``prefers_gguf_adapters``): the GGUF on llama.cpp
+(loaded with no conversion), the PEFT files on torch (which would read the GGUF back into
+PEFT's layout).
 The first request naming an id loads it (``AdapterRegistry.acquire``, called off the
 engine thread): the files are read and checked here, then the runner copies the weights
 into one of its ``max_loras`` adapter slots (``Runner.load_adapter``), which checks them
@@ -77,17 +81,28 @@ class LoraWeights:
     b: torch.Tensor  # [out, r], times alpha / r (alpha / sqrt(r) with rslora)
 
 
+@dataclass(frozen=True)
+class GgufLora:
+    """An adapter given as a llama.cpp GGUF LoRA file, which the runner loads itself."""
+
+    file: Path
+    architecture: str  # general.architecture: must be the model's
+
+
 @dataclass
 class LoraAdapter:
     adapter_id: str
     path: Path  # the adapter's directory (a runner may read the files itself)
-    rank: int
+    rank: int  # the highest of its modules' ranks
     alpha: float
     scaling: float
-    target_modules: list[str]  # as adapter_config.json names them
-    weights: dict[str, LoraWeights]  # by module name in the model, "model.layers.0.mlp.up_proj"
+    target_modules: list[str]  # as adapter_config.json names them (GGUF: "attn_q", ...)
+    # by module name in the model, "model.layers.0.mlp.up_proj": the PEFT weights until a
+    # runner has copied them (the registry then drops them); empty for a GGUF adapter
+    weights: dict[str, LoraWeights]
     fingerprint: bytes  # of the files: prefix-cache blocks are keyed by it
     load_seconds: float = 0.0
+    gguf: GgufLora | None = None  # set: a GGUF LoRA file, ``weights`` empty
 
 
 def check_adapter_id(adapter_id: str) -> None:
@@ -98,18 +113,36 @@ def check_adapter_id(adapter_id: str) -> None:
                            f"'.', '_', '-'; at most {MAX_ID_LEN} characters; no '/' or '..')")
 
 
-def read_adapter(root: Path, adapter_id: str, max_rank: int) -> LoraAdapter:
+def read_adapter(root: Path, adapter_id: str, max_rank: int,
+                 prefer_gguf: bool = False) -> LoraAdapter:
     """The adapter ``adapter_id`` under ``root``, checked in itself (not yet against a
-    model): ``AdapterError`` naming what is wrong."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load as load_safetensors
-
+    model): ``AdapterError`` naming what is wrong. Its GGUF file when it has one and
+    ``prefer_gguf`` or it has no PEFT config, else its PEFT files."""
     check_adapter_id(adapter_id)
     start = time.perf_counter()
     path = root / adapter_id
     if not path.is_dir():
         raise AdapterError(adapter_id, f"unknown adapter (no directory {adapter_id!r} in the "
                            f"adapter cache)")
+    ggufs = sorted(p for p in path.glob("*.gguf") if p.is_file())
+    if ggufs and (prefer_gguf or not (path / CONFIG_FILE).exists()):
+        if len(ggufs) > 1:
+            raise AdapterError(adapter_id, f"{len(ggufs)} GGUF files "
+                               f"({', '.join(p.name for p in ggufs)}): an adapter directory "
+                               f"holds one")
+        from engine.gguf_adapter import read_gguf_adapter
+
+        adapter = read_gguf_adapter(adapter_id, ggufs[0], max_rank)
+    else:
+        adapter = _read_peft(adapter_id, path, max_rank)
+    adapter.load_seconds = time.perf_counter() - start
+    return adapter
+
+
+def _read_peft(adapter_id: str, path: Path, max_rank: int) -> LoraAdapter:
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_safetensors
+
     try:
         config_bytes = (path / CONFIG_FILE).read_bytes()
         weight_bytes = (path / WEIGHTS_FILE).read_bytes()
@@ -134,7 +167,7 @@ def read_adapter(root: Path, adapter_id: str, max_rank: int) -> LoraAdapter:
     fingerprint = hashlib.blake2b(config_bytes + weight_bytes, digest_size=16).digest()
     return LoraAdapter(adapter_id, path, rank, alpha, scaling,
                        [targets] if isinstance(targets, str) else sorted(targets), weights,
-                       fingerprint, time.perf_counter() - start)
+                       fingerprint)
 
 
 def _check_config(adapter_id: str, config: dict[str, Any], max_rank: int) -> tuple[int, float]:
@@ -188,6 +221,7 @@ class AdapterRunner(Protocol):
 
     name: str
     max_loras: int  # adapter slots 1..max_loras (0: this runner serves no adapters)
+    prefers_gguf_adapters: bool  # a GGUF LoRA file rather than PEFT files beside it
 
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None: ...
 
@@ -356,8 +390,10 @@ class AdapterRegistry:
     def _load(self, adapter_id: str, slot: int, done: Future[None]) -> AdapterLease:
         try:
             start = time.perf_counter()
-            adapter = read_adapter(self.root, adapter_id, self.max_rank)
+            adapter = read_adapter(self.root, adapter_id, self.max_rank,
+                                   self.runner.prefers_gguf_adapters)
             self.runner.load_adapter(slot, adapter)
+            adapter.weights = {}  # the runner holds its own copy; keep no second one
             adapter.load_seconds = time.perf_counter() - start
         except BaseException as e:
             with self._lock:
@@ -372,8 +408,10 @@ class AdapterRegistry:
             self.loads += 1
             lease = self._lease(adapter_id, resident)
         done.set_result(None)
-        log.info("adapter %r loaded into slot %d in %.3fs (rank %d, %d modules)", adapter_id,
-                 slot, adapter.load_seconds, adapter.rank, len(adapter.weights))
+        log.info("adapter %r loaded into slot %d in %.3fs (%s, rank %d, targets %s)",
+                 adapter_id, slot, adapter.load_seconds,
+                 adapter.gguf.file.name if adapter.gguf else "PEFT", adapter.rank,
+                 ", ".join(adapter.target_modules))
         return lease
 
     def _lease(self, adapter_id: str, resident: _Resident) -> AdapterLease:

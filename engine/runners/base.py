@@ -104,6 +104,9 @@ class Runner(Protocol):
     # One step may hold rows of several adapter slots; False: the scheduler gives each
     # step the rows of one slot (llama.cpp sets adapters per context, not per sequence)
     supports_mixed_adapters: bool
+    # Of an adapter directory holding both PEFT files and a GGUF LoRA file, reads the GGUF
+    # (llama.cpp loads it as it is); False: the PEFT files (torch)
+    prefers_gguf_adapters: bool
 
     @property
     def row_cost(self) -> float:

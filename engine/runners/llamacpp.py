@@ -200,6 +200,7 @@ class LlamaCppRunner:
     supports_prefix_caching = True
     # llama.cpp sets adapters on the context, for every row of a decode: one per step
     supports_mixed_adapters = False
+    prefers_gguf_adapters = True  # goes to llama_adapter_lora_init as it is
     failure: str | None = None  # one process: nothing else can fail under it
 
     def __init__(self, config: EngineConfig) -> None:
@@ -498,8 +499,8 @@ class LlamaCppRunner:
         return WarmupReport()
 
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
-        """Convert ``adapter`` to llama.cpp's adapter GGUF and load it into ``slot`` (off
-        the engine thread; ``AdapterError`` when llama.cpp finds it does not fit)."""
+        """Load ``adapter`` into ``slot``, its GGUF file as it is or its PEFT weights
+        converted to one (off the engine thread; ``AdapterError`` when it does not fit)."""
         self.adapters.load(slot, adapter)
 
     # ---- sequences ------------------------------------------------------------------

@@ -1,5 +1,11 @@
-"""LoRA adapters on llama.cpp: PEFT adapters written as llama.cpp adapter GGUFs, loaded
-into numbered slots, and the one a step runs set on the context.
+"""LoRA adapters on llama.cpp: GGUF LoRA files loaded as they are, PEFT adapters written
+as llama.cpp adapter GGUFs first, into numbered slots, and the one a step runs set on the
+context.
+
+A GGUF adapter (read and checked in itself by ``engine.gguf_adapter``) goes to
+``llama_adapter_lora_init`` once its architecture is the model's; llama.cpp checks that
+every tensor is one of the model's and fits its shape (a NULL adapter otherwise, its log
+line becoming the ``AdapterError``'s reason).
 
 Why a conversion: llama.cpp loads LoRA only from a GGUF (``general.type = adapter``,
 ``adapter.type = lora``, tensors ``<base tensor>.lora_a`` / ``.lora_b``), while adapters
@@ -131,25 +137,39 @@ class AdapterSlots:
         self._active: Any = None  # the adapter set on the context (None: the base model)
 
     def load(self, slot: int, adapter: LoraAdapter) -> None:
-        from engine.runners.llamacpp import llama_errors
-
-        tensors = adapter_tensors(adapter, self.base)
-        fd, tmp = tempfile.mkstemp(prefix="genserve-lora-", suffix=".gguf")
-        os.close(fd)
-        try:
-            write_adapter_gguf(Path(tmp), self.base.arch, tensors)
-            with self._model_lock, llama_errors(self.lc) as errors:
-                ptr = self.lc.llama_adapter_lora_init(self.model, tmp.encode())
-        finally:
-            os.unlink(tmp)  # llama.cpp copied the tensors into its own buffers
-        if not ptr:
-            modules = {name: m for m, name in tensor_names(adapter, self.base).items()}
-            raise AdapterError(adapter.adapter_id, _reason(errors, modules))
+        if adapter.gguf is not None:
+            if adapter.gguf.architecture != self.base.arch:
+                raise AdapterError(adapter.adapter_id, f"{adapter.gguf.file.name} is an adapter "
+                                   f"of a {adapter.gguf.architecture} model, not of this "
+                                   f"{self.base.arch} model (general.architecture)")
+            ptr = self._init(adapter, adapter.gguf.file, {})
+        else:
+            tensors = adapter_tensors(adapter, self.base)
+            fd, tmp = tempfile.mkstemp(prefix="genserve-lora-", suffix=".gguf")
+            os.close(fd)
+            try:
+                write_adapter_gguf(Path(tmp), self.base.arch, tensors)
+                ptr = self._init(adapter, Path(tmp), {
+                    name: m for m, name in tensor_names(adapter, self.base).items()})
+            finally:
+                os.unlink(tmp)  # llama.cpp copied the tensors into its own buffers
         with self._lock:
             old = self._by_slot.get(slot)
             self._by_slot[slot] = ptr
             if old is not None:
                 self._retired.append(old)
+
+    def _init(self, adapter: LoraAdapter, file: Path, modules: dict[str, str]) -> Any:
+        """llama.cpp's adapter of ``file`` (its tensors copied into llama.cpp's buffers);
+        ``AdapterError`` with llama.cpp's reason when it refuses (``modules``: GGUF tensor
+        -> PEFT module, to name them)."""
+        from engine.runners.llamacpp import llama_errors
+
+        with self._model_lock, llama_errors(self.lc) as errors:
+            ptr = self.lc.llama_adapter_lora_init(self.model, str(file).encode())
+        if not ptr:
+            raise AdapterError(adapter.adapter_id, _reason(errors, modules))
+        return ptr
 
     def activate(self, slot: int) -> None:
         """Set ``slot``'s adapter on the context (0: none), on the engine thread, before

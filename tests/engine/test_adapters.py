@@ -15,6 +15,7 @@ from concurrent.futures import CancelledError
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,12 +31,14 @@ from engine.adapters import (
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig, EngineDeadError, QueueFullError
 from engine.runners.torch.lora import LoraLayers
+from tests.lora_adapters import gguf_lora_of, tiny_llama_base, write_gguf_lora
 
 
 class FitRunner:
     """A runner's adapter side over the tiny model's real LoRA layers, counting loads."""
 
     name = "torch"
+    prefers_gguf_adapters = False
 
     def __init__(self, model_dir: Path, max_loras: int, delay_s: float = 0.0) -> None:
         from transformers import AutoModelForCausalLM
@@ -182,6 +185,92 @@ def test_adapter_config_scaling_is_folded_into_b(cache, tiny_model_dir):
     raw = load_file(str(cache / "a1" / "adapter_model.safetensors"))
     key = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
     assert torch.equal(a1.weights["model.layers.0.self_attn.q_proj"].b, raw[key] * 2.0)
+
+
+def test_once_the_runner_holds_an_adapter_the_registry_keeps_no_copy_of_its_weights(
+        cache, tiny_model_dir):
+    from engine.adapters import read_adapter
+
+    reg = registry(cache, tiny_model_dir)
+    lease = reg.acquire("a1")
+    assert lease.resident.adapter.weights == {}
+    assert lease.fingerprint == read_adapter(cache, "a1", 8).fingerprint  # prefix-cache key
+    q = reg.runner.lora.stacks["model.layers.0.self_attn.q_proj"]  # type: ignore[attr-defined]
+    assert q.b[:4].abs().sum() > 0  # slot 1 holds a1's q_proj
+
+
+@pytest.mark.parametrize("src", ["a1", "a2"])
+def test_the_torch_runner_reads_a_gguf_adapter_into_the_weights_of_its_peft_files(
+        cache, tiny_model_dir, src):
+    """a1 adapts q_proj and a2 k_proj (lora_b rows permuted in the GGUF, un-permuted on
+    reading), a2 with rsLoRA (its scaling as the GGUF's alpha); a directory with both
+    formats is read from its PEFT files."""
+    from engine.adapters import read_adapter
+
+    gguf_lora_of(cache, src, tiny_llama_base(), cache / "gguf" / f"{src}.gguf")
+    shutil.copytree(cache / "a1", cache / "both")
+    write_gguf_lora(cache / "both" / "x.gguf", {})  # not even read
+    reg = registry(cache, tiny_model_dir)
+    peft, gguf = reg.acquire(src), reg.acquire("gguf")
+    assert (peft.slot, gguf.slot) == (1, 2)
+    for name, stack in reg.runner.lora.stacks.items():  # type: ignore[attr-defined]
+        torch.testing.assert_close(stack.a[:, 8:], stack.a[:, :8], msg=name)
+        torch.testing.assert_close(stack.b[8:], stack.b[:8], msg=name)
+    assert any(stack.b[8:].abs().sum() > 0 for stack in reg.runner.lora.stacks.values())  # type: ignore[attr-defined]
+    peft.release()
+    lease = reg.acquire("both")
+    assert lease.resident.adapter.gguf is None
+    assert lease.fingerprint == read_adapter(cache, "a1", 8).fingerprint
+
+
+@pytest.mark.parametrize(("base", "arch", "reason"), [
+    ("blk.0.attn_q.weight", "qwen2",
+     "x.gguf is an adapter of a qwen2 model, not of this llama model (general.architecture)"),
+    ("output.weight", "llama", "x.gguf: tensor 'output.weight' is no linear layer of this "
+                               "model (the torch runner adapts no LM head or embeddings)"),
+])
+def test_a_gguf_adapter_the_torch_runner_cannot_run_is_refused_naming_why(
+        cache, tiny_model_dir, base, arch, reason):
+    write_gguf_lora(cache / "x" / "x.gguf", {f"{base}.lora_a": np.ones((4, 64), np.float32),
+                                             f"{base}.lora_b": np.ones((64, 4), np.float32)},
+                    arch=arch)
+    reg = registry(cache, tiny_model_dir)
+    with pytest.raises(AdapterError) as e:
+        reg.acquire("x")
+    assert str(e.value) == f"adapter 'x': {reason}"
+    assert reg.resident() == []
+
+
+@pytest.mark.parametrize(("arch", "permuted"), [("llama", True), ("qwen2", False)])
+def test_reading_a_gguf_adapter_back_gives_its_peft_weights_with_or_without_rope_permutation(
+        cache, arch, permuted):
+    from engine.adapters import read_adapter
+    from engine.runners.llamacpp_lora import BaseModel
+    from engine.runners.torch.gguf_lora import gguf_as_peft
+
+    config = SimpleNamespace(model_type=arch, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2)
+    base = BaseModel(arch, 2, 4, 2, permuted)
+    for src in ("a1", "a2"):  # q_proj, k_proj
+        peft = read_adapter(cache, src, 8)
+        gguf_lora_of(cache, src, base, cache / f"{src}-{arch}" / "x.gguf")
+        back = gguf_as_peft(read_adapter(cache, f"{src}-{arch}", 8), config, peft.weights)
+        assert sorted(back.weights) == sorted(peft.weights)
+        for module, w in peft.weights.items():
+            torch.testing.assert_close(back.weights[module].a, w.a, msg=module)
+            torch.testing.assert_close(back.weights[module].b, w.b, msg=module)
+
+
+def test_gguf_adapters_of_architectures_whose_layout_is_not_known_are_refused_on_torch(
+        cache, tiny_model_dir):
+    from engine.adapters import read_adapter
+    from engine.runners.torch.gguf_lora import gguf_as_peft
+
+    gguf_lora_of(cache, "a1", tiny_llama_base(), cache / "g" / "a1.gguf")
+    config = SimpleNamespace(model_type="gemma", num_hidden_layers=2)
+    with pytest.raises(AdapterError, match=r"GGUF LoRA adapters are read on the torch runner "
+                                           r"for llama, qwen2 models only, not 'gemma'"):
+        gguf_as_peft(read_adapter(cache, "g", 8), config, ["model.layers.0.self_attn.q_proj"])
 
 
 def wait_until(pred, timeout: float = 10.0) -> bool:

@@ -12,6 +12,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import numpy as np
 import pytest
 
 from engine.async_engine import AsyncEngine
@@ -21,7 +22,13 @@ from fmaas import generation_pb2_grpc as tgis_grpc
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.validation import ServiceLimits
-from tests.lora_adapters import hf_greedy, merged_model
+from tests.lora_adapters import (
+    gguf_lora_of,
+    hf_greedy,
+    merged_model,
+    tiny_llama_base,
+    write_gguf_lora,
+)
 from tests.service.conftest import start_server, stop_server, wait_until
 
 NEW = 6
@@ -41,13 +48,20 @@ def cache(tmp_path_factory, lora_cache):
         shutil.copytree(root / "a1", root / name)
         cfg = json.loads((root / name / "adapter_config.json").read_text())
         (root / name / "adapter_config.json").write_text(json.dumps({**cfg, **change}))
+    write_gguf_lora(root / "gguf-qwen2" / "ggml-lora-f32.gguf",
+                    {"blk.0.attn_q.weight.lora_a": np.ones((4, 64), np.float32),
+                     "blk.0.attn_q.weight.lora_b": np.ones((64, 4), np.float32)}, arch="qwen2")
+    gguf_lora_of(root, "a1", tiny_llama_base(), root / "a1-gguf" / "ggml-lora-f16.gguf",
+                 np.float16)
     return root
 
 
 BAD = [("nope", "unknown adapter"), ("../a1", "not a valid adapter id"),
        ("corrupt", "not a readable safetensors file"),
        ("rank64", "rank 64 exceeds the server's limit 16 (--max-lora-rank)"),
-       ("ia3", "unsupported PEFT type 'IA3'")]
+       ("ia3", "unsupported PEFT type 'IA3'"),
+       ("gguf-qwen2", "ggml-lora-f32.gguf is an adapter of a qwen2 model, not of this llama "
+                      "model (general.architecture)")]
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +111,14 @@ def test_native_adapter_id_runs_the_adapter_alone_and_in_a_mixed_batch(channel, 
     assert got == [references["a2"], (Code.INVALID_ARGUMENT.value[0], "adapter_id: adapter "
                    "'nope': unknown adapter (no directory 'nope' in the adapter cache)"),
                    references[""], references["a1"]]
+
+
+def test_a_gguf_lora_file_runs_on_the_torch_runner_as_its_peft_files_do(channel, references):
+    """a1 converted to an f16 GGUF LoRA file (convert_lora_to_gguf.py's default), read back
+    into PEFT's layout: the same greedy tokens as a1's PEFT files."""
+    stub = pb_grpc.GenerationServiceStub(channel)
+    resp = stub.Generate(native_request("a1-gguf"), timeout=60)
+    assert list(resp.completions[0].token_ids) == references["a1"]
 
 
 def test_tgis_adapter_id_generate_and_stream(channel):

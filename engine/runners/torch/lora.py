@@ -40,7 +40,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.adapters import AdapterError, LoraAdapter
+<<<<<<< HEAD
 from engine.runners.torch.tp_shard import LinearShard, linear_shard
+=======
+from engine.runners.torch.gguf_lora import gguf_as_peft
+>>>>>>> gguflora
 
 
 @dataclass(eq=False)
@@ -71,6 +75,7 @@ class LoraLayers:
         self.device = device
         self.dtype = dtype
         self.stacks: dict[str, _Stack] = {}
+        self.config = model.config  # what reading a GGUF adapter needs (architecture, heads)
         self.current = _StepMask()
         # Compiled steps read the mask from here (rows filled before each run): one
         # tensor for the graphs' lifetime, sized by ``reserve_static``.
@@ -103,6 +108,8 @@ class LoraLayers:
         a slot out of range)."""
         if not 1 <= slot <= self.slots:
             raise ValueError(f"adapter slot {slot} outside 1..{self.slots}")
+        if adapter.gguf is not None:  # llama.cpp's layout: read back into PEFT's
+            adapter = gguf_as_peft(adapter, self.config, self.stacks)
         aid = adapter.adapter_id
         if adapter.rank > self.rank:
             raise AdapterError(aid, f"rank {adapter.rank} exceeds the server's limit "
@@ -126,7 +133,6 @@ class LoraLayers:
     def write(self, slot: int, adapter: LoraAdapter) -> None:
         """Copy a checked adapter into ``slot`` (this rank's share of each layer)."""
         cols = slice((slot - 1) * self.rank, slot * self.rank)
-        r = adapter.rank
         with torch.no_grad():
             for name, stack in self.stacks.items():
                 stack.a[:, cols].zero_()
@@ -135,9 +141,15 @@ class LoraLayers:
                 if w is None:
                     stack.targeted.discard(slot)
                     continue
+<<<<<<< HEAD
                 a, b = stack.shard.lora(w.a, w.b) if stack.shard else (w.a, w.b)
                 stack.a[:, cols.start:cols.start + r].copy_(a.T)
                 stack.b[cols.start:cols.start + r].copy_(b.T)
+=======
+                r = w.a.shape[0]  # a GGUF adapter's pairs may differ in rank
+                stack.a[:, cols.start:cols.start + r].copy_(w.a.T)
+                stack.b[cols.start:cols.start + r].copy_(w.b.T)
+>>>>>>> gguflora
                 stack.targeted.add(slot)
 
     # ---- steps -----------------------------------------------------------------------

@@ -52,6 +52,7 @@ class ModelRunner:
     supports_prefix_caching = True  # attention reads each row's blocks through its table
     block_keeper: BlockKeeper | None = None  # the block table is the KV: it keeps itself
     supports_mixed_adapters = True  # per-row LoRA (engine/runners/torch/lora.py)
+    prefers_gguf_adapters = False  # a GGUF is read back into PEFT's layout: PEFT is exact
 
     def __init__(self, config: EngineConfig, share_weights: ModelRunner | None = None,
                  num_blocks: int | None = None, tp: TPGroup | None = None) -> None:

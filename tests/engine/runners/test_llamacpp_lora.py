@@ -8,7 +8,10 @@
   giving every step one adapter's rows (llama.cpp sets adapters per context);
 - an adapter that does not fit the model (a module it lacks, shapes of another model) is
   an ``AdapterError`` naming it and why, nothing stays loaded, and the engine goes on;
-- a slot reused after LRU eviction runs the adapter loaded into it.
+- a slot reused after LRU eviction runs the adapter loaded into it;
+- a GGUF LoRA file (llama.cpp's own format) is loaded as it is, preferred to PEFT files
+  beside it, and gives the greedy tokens of the same adapter as PEFT files; a GGUF that is
+  no LoRA adapter of this model, or that breaks the format, is refused naming why.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
@@ -25,10 +30,18 @@ from engine.adapters import AdapterError
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading import weights_cache
+from engine.runners import llamacpp_lora
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from tests.engine.runners.gguf_builder import write_gguf
-from tests.lora_adapters import ADAPTERS, hf_greedy, merged_model, save_lora
+from tests.lora_adapters import (
+    ADAPTERS,
+    gguf_lora_of,
+    hf_greedy,
+    merged_model,
+    save_lora,
+    write_gguf_lora,
+)
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
                                 reason="llama-cpp-python is not installed")
@@ -253,3 +266,101 @@ def test_on_a_neox_rope_model_q_and_k_are_not_permuted(tmp_path, tokenizer_dir, 
         want = [hf_greedy(merged, p, MAX_NEW) for p in ids[:2]]
     out = run(qwen, [(f"q{i}", p, "qk") for i, p in enumerate(ids[:2])])
     assert [out["q0"], out["q1"]] == want
+
+
+def gguf_of(cache: Path, src: str, engine: LLMEngine, path: Path,
+            dtype: type = np.float32) -> Path:
+    return gguf_lora_of(cache, src, engine.runner.adapters.base, path, dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_a_gguf_adapter_is_loaded_as_it_is_and_gives_the_tokens_of_its_peft_files(
+        engine, cache, ids, merged_greedy, dtype):
+    registry = engine.adapters
+    assert registry is not None
+    name = f"a1-gguf-{np.dtype(dtype).name}"
+    gguf_of(cache, "a1", engine, cache / name / "ggml-lora.gguf", dtype)
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("a GGUF adapter was converted")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llamacpp_lora, "adapter_tensors", no_conversion)
+        registry.acquire(name).release()
+    out = run(engine, [(f"g{i}", p, name) for i, p in enumerate(ids)])
+    assert [out[f"g{i}"] for i in range(len(ids))] == merged_greedy["a1"]
+    listed = next(a for a in registry.resident() if a.adapter_id == name)
+    assert (listed.rank, listed.target_modules) == (4, ["attn_q", "attn_v", "ffn_down"])
+
+
+def test_a_directory_with_peft_files_and_a_gguf_runs_the_gguf_on_llama_cpp(
+        engine, cache, ids, merged_greedy):
+    shutil.copytree(cache / "a2", cache / "both")  # PEFT files of a2, the GGUF of a1
+    gguf_of(cache, "a1", engine, cache / "both" / "a1.gguf")
+    assert run(engine, [("both", ids[0], "both")])["both"] == merged_greedy["a1"][0]
+
+
+def pair(base: str = "blk.0.attn_q.weight", rank: int = 4, n_in: int = 64, n_out: int = 64,
+         rank_b: int | None = None) -> dict[str, np.ndarray]:
+    """One LoRA pair in numpy order (lora_a [r, in], lora_b [out, r])."""
+    return {f"{base}.lora_a": np.full((rank, n_in), 0.01, np.float32),
+            f"{base}.lora_b": np.full((n_out, rank_b or rank), 0.01, np.float32)}
+
+
+def _gguf_two(d: Path) -> None:
+    write_gguf_lora(d / "x.gguf", pair())
+    write_gguf_lora(d / "y.gguf", pair())
+
+
+def _junk(d: Path) -> None:
+    d.mkdir()
+    (d / "x.gguf").write_bytes(b"GGUF junk")
+
+
+def _write(**kw):
+    tensors = kw.pop("tensors", None)
+    return lambda d: write_gguf_lora(d / "x.gguf", pair() if tensors is None else tensors, **kw)
+
+
+GGUF_BAD = [  # (how to write the adapter's directory, what the reason says)
+    (_write(general_type="model"),
+     "x.gguf is not a LoRA adapter GGUF (general.type is 'model', not 'adapter')"),
+    (_write(adapter_type="control_vector"),
+     "x.gguf: adapter.type 'control_vector' is not supported (only 'lora')"),
+    (_write(arch="qwen2"),
+     "x.gguf is an adapter of a qwen2 model, not of this llama model (general.architecture)"),
+    (_write(tensors=pair(n_in=32)),
+     "llama.cpp refused it: tensor 'blk.0.attn_q.weight' has incorrect shape"),
+    (_write(tensors=pair("blk.7.attn_q.weight")),
+     "llama.cpp refused it: LoRA tensor 'blk.7.attn_q.weight' does not exist in base model"),
+    (_write(tensors=pair(rank=16)),
+     "rank 16 (blk.0.attn_q.weight) exceeds the server's limit 8 (--max-lora-rank)"),
+    (_write(tensors={"blk.0.attn_q.weight.lora_a": np.ones((4, 64), np.float32)}),
+     "x.gguf: blk.0.attn_q.weight.lora_a has no pair"),
+    (_write(tensors=pair(rank_b=2)), "lora_a [64, 4] and lora_b [2, 64] do not share a rank"),
+    (_write(tensors={"blk.0.attn_q.weight": np.ones((64, 64), np.float32)}),
+     "x.gguf: tensor 'blk.0.attn_q.weight' is not a LoRA tensor"),
+    (_write(alpha=None, extra={"adapter.lora.alpha": (8, gguf.GGUFValueType.UINT32, None)}),
+     "x.gguf: metadata adapter.lora.alpha is not a float32"),
+    (_write(extra={"adapter.alora.invocation_tokens": ([1, 2], gguf.GGUFValueType.ARRAY,
+                                                     gguf.GGUFValueType.UINT32)}),
+     "x.gguf: aLoRA (adapter.alora.invocation_tokens) is not supported"),
+    (_write(tensors={**pair(), "blk.0.attn_q.weight.lora_a": np.ones((4, 64), np.int32)}),
+     "x.gguf: tensor 'blk.0.attn_q.weight.lora_a' is of type I32 (LoRA tensors are F32, F16, "
+     "BF16, Q8_0)"),
+    (_junk, "x.gguf is not a readable GGUF file"),
+    (_gguf_two, "2 GGUF files (x.gguf, y.gguf): an adapter directory holds one"),
+]
+
+
+@pytest.mark.parametrize(("make", "reason"), GGUF_BAD, ids=[r for _, r in GGUF_BAD])
+def test_a_gguf_adapter_that_is_not_a_lora_of_this_model_is_refused_naming_why(
+        engine, cache, ids, merged_greedy, make, reason):
+    name = f"bad-gguf-{GGUF_BAD.index((make, reason))}"
+    make(cache / name)
+    assert engine.adapters is not None
+    with pytest.raises(AdapterError) as e:
+        engine.adapters.acquire(name)
+    assert str(e.value).startswith(f"adapter {name!r}: ") and reason in str(e.value)
+    assert name not in [a.adapter_id for a in engine.adapters.resident()]
+    assert run(engine, [("after", ids[0], "a1")])["after"] == merged_greedy["a1"][0]
