@@ -40,11 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.adapters import AdapterError, LoraAdapter
-<<<<<<< HEAD
-from engine.runners.torch.tp_shard import LinearShard, linear_shard
-=======
 from engine.runners.torch.gguf_lora import gguf_as_peft
->>>>>>> gguflora
+from engine.runners.torch.tp_shard import LinearShard, linear_shard
 
 
 @dataclass(eq=False)
@@ -100,12 +97,11 @@ class LoraLayers:
     def load(self, slot: int, adapter: LoraAdapter) -> None:
         """Write ``adapter`` into ``slot`` of every layer (zeros where it has no weights),
         after checking that it fits: ``AdapterError`` otherwise, nothing written."""
-        self.check(slot, adapter)
-        self.write(slot, adapter)
+        self.write(slot, self.check(slot, adapter))
 
-    def check(self, slot: int, adapter: LoraAdapter) -> None:
-        """``AdapterError`` unless ``adapter`` fits the model's full layers (ValueError for
-        a slot out of range)."""
+    def check(self, slot: int, adapter: LoraAdapter) -> LoraAdapter:
+        """``adapter`` in PEFT's layout (a GGUF file read back), once it fits the model's
+        full layers: ``AdapterError`` otherwise (ValueError for a slot out of range)."""
         if not 1 <= slot <= self.slots:
             raise ValueError(f"adapter slot {slot} outside 1..{self.slots}")
         if adapter.gguf is not None:  # llama.cpp's layout: read back into PEFT's
@@ -129,6 +125,7 @@ class LoraLayers:
                 raise AdapterError(aid, f"module {name!r}: lora_A {list(weights.a.shape)} / "
                                    f"lora_B {list(weights.b.shape)} do not fit the layer "
                                    f"({fan_in} -> {fan_out})")
+        return adapter
 
     def write(self, slot: int, adapter: LoraAdapter) -> None:
         """Copy a checked adapter into ``slot`` (this rank's share of each layer)."""
@@ -141,15 +138,10 @@ class LoraLayers:
                 if w is None:
                     stack.targeted.discard(slot)
                     continue
-<<<<<<< HEAD
+                r = w.a.shape[0]  # a GGUF adapter's pairs may differ in rank
                 a, b = stack.shard.lora(w.a, w.b) if stack.shard else (w.a, w.b)
                 stack.a[:, cols.start:cols.start + r].copy_(a.T)
                 stack.b[cols.start:cols.start + r].copy_(b.T)
-=======
-                r = w.a.shape[0]  # a GGUF adapter's pairs may differ in rank
-                stack.a[:, cols.start:cols.start + r].copy_(w.a.T)
-                stack.b[cols.start:cols.start + r].copy_(w.b.T)
->>>>>>> gguflora
                 stack.targeted.add(slot)
 
     # ---- steps -----------------------------------------------------------------------

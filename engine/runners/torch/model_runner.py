@@ -171,7 +171,7 @@ class ModelRunner:
         if self.lora is None:
             raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
                                "slots (--adapter-cache)")
-        self.lora.check(slot, adapter)
+        adapter = self.lora.check(slot, adapter)  # a GGUF file: read back, sent as tensors
         if self.tp is None:
             self.lora.write(slot, adapter)
             return
