@@ -19,6 +19,11 @@ layer itself (18% for S * R = 64 over SmolLM2-135M's layers). Eagerly, a step wi
 adapter row skips the hooks entirely, and a layer no resident adapter targets skips its
 own.
 
+On oneDNN-packed CPU layers (packed_linear.py) the ``x @ A_cat`` rides on the base GEMM:
+a layer some slot adapts has ``[W; A_catᵀ]`` packed as its weight and a forward that
+slices the two apart (``_fold``), leaving one mul and one addmm (small MKL calls are
+overhead bound: 1.13-1.17x on 32 mixed clients, docs/adapters.md).
+
 With tensor parallelism each rank's stacks hold its share of every adapter, cut as its
 layer was (``tp_shard.LinearShard``): B's output rows of a column-parallel layer, A's
 input columns of a row-parallel one, whose partial LoRA term the all-reduce then sums
@@ -133,17 +138,18 @@ class LoraLayers:
         r = adapter.rank
         with torch.no_grad():
             for name, stack in self.stacks.items():
+                w = adapter.weights.get(name)
+                if w is None and slot not in stack.targeted:
+                    continue  # the slot's columns are zero and stay so: nothing to re-pack
                 stack.a[:, cols].zero_()
                 stack.b[cols].zero_()
-                w = adapter.weights.get(name)
                 if w is None:
                     stack.targeted.discard(slot)
-                    continue
-                a, b = stack.shard.lora(w.a, w.b) if stack.shard else (w.a, w.b)
-                stack.a[:, cols.start:cols.start + r].copy_(a.T)
-                stack.b[cols.start:cols.start + r].copy_(b.T)
-                stack.targeted.add(slot)
-            for stack in self.stacks.values():
+                else:
+                    a, b = stack.shard.lora(w.a, w.b) if stack.shard else (w.a, w.b)
+                    stack.a[:, cols.start:cols.start + r].copy_(a.T)
+                    stack.b[cols.start:cols.start + r].copy_(b.T)
+                    stack.targeted.add(slot)
                 self._fold(stack)
 
     def _fold(self, stack: _Stack) -> None:
