@@ -19,6 +19,11 @@ layer itself (18% for S * R = 64 over SmolLM2-135M's layers). Eagerly, a step wi
 adapter row skips the hooks entirely, and a layer no resident adapter targets skips its
 own.
 
+On oneDNN-packed CPU layers (packed_linear.py) the ``x @ A_cat`` rides on the base GEMM:
+a layer some slot adapts has ``[W; A_catᵀ]`` packed as its weight and a forward that
+slices the two apart (``_fold``), leaving one mul and one addmm (small MKL calls are
+overhead bound: 1.13-1.17x on 32 mixed clients, docs/adapters.md).
+
 With tensor parallelism each rank's stacks hold its share of every adapter, cut as its
 layer was (``tp_shard.LinearShard``): B's output rows of a column-parallel layer, A's
 input columns of a row-parallel one, whose partial LoRA term the all-reduce then sums
@@ -29,7 +34,7 @@ against the full layer's shape, on rank 0, before any rank writes them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -41,6 +46,7 @@ from torch import nn
 
 from engine.adapters import AdapterError, LoraAdapter
 from engine.runners.torch.gguf_lora import gguf_as_peft
+from engine.runners.torch.packed_linear import base_weight, call_packed, packed_key, set_packed
 from engine.runners.torch.tp_shard import LinearShard, linear_shard
 
 
@@ -51,7 +57,10 @@ class _Stack:
     fan_in: int  # the full layer's, as adapters are made for it
     fan_out: int
     shard: LinearShard | None  # how this rank's layer was cut (None: whole)
+    module: nn.Linear
     targeted: set[int] = field(default_factory=set)  # slots whose adapter targets this layer
+    # The layer's forward while A is folded into its packed weight (``_fold``), else None
+    folded: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 class _StepMask(threading.local):
@@ -86,7 +95,7 @@ class LoraLayers:
             stack = _Stack(torch.zeros(mod.in_features, width, dtype=dtype, device=device),
                            torch.zeros(width, mod.out_features, dtype=dtype, device=device),
                            shard.full_in if shard else mod.in_features,
-                           shard.full_out if shard else mod.out_features, shard)
+                           shard.full_out if shard else mod.out_features, shard, mod)
             self.stacks[name] = stack
             # First among the layer's hooks: a row-parallel layer's partial LoRA term must
             # be in its all-reduce (tp_shard.reduce_row_parallel).
@@ -132,17 +141,46 @@ class LoraLayers:
         cols = slice((slot - 1) * self.rank, slot * self.rank)
         with torch.no_grad():
             for name, stack in self.stacks.items():
+                w = adapter.weights.get(name)
+                if w is None and slot not in stack.targeted:
+                    continue  # the slot's columns are zero and stay so: nothing to re-pack
                 stack.a[:, cols].zero_()
                 stack.b[cols].zero_()
-                w = adapter.weights.get(name)
                 if w is None:
                     stack.targeted.discard(slot)
-                    continue
-                r = w.a.shape[0]  # a GGUF adapter's pairs may differ in rank
-                a, b = stack.shard.lora(w.a, w.b) if stack.shard else (w.a, w.b)
-                stack.a[:, cols.start:cols.start + r].copy_(a.T)
-                stack.b[cols.start:cols.start + r].copy_(b.T)
-                stack.targeted.add(slot)
+                else:
+                    r = w.a.shape[0]  # a GGUF adapter's pairs may differ in rank
+                    a, b = stack.shard.lora(w.a, w.b) if stack.shard else (w.a, w.b)
+                    stack.a[:, cols.start:cols.start + r].copy_(a.T)
+                    stack.b[cols.start:cols.start + r].copy_(b.T)
+                    stack.targeted.add(slot)
+                self._fold(stack)
+
+    def _fold(self, stack: _Stack) -> None:
+        """A packed (CPU fp32) layer that some slot adapts gets ``[W; A_catᵀ]`` packed as
+        its weight: one oneDNN GEMM gives the base output and ``x @ A_cat``, and only the
+        ``addmm_`` of B is left (measured 1.13-1.17x on 32 mixed clients, base-only steps
+        0.99-1.03x: docs/adapters.md). Re-packed after every write of a slot; a layer no
+        slot adapts gets its plain packed weight back."""
+        mod = stack.module
+        key = packed_key(mod)
+        if key is None:
+            return
+        out = mod.weight.shape[0]
+        w = base_weight(key, out)
+        if not stack.targeted:
+            set_packed(key, w, mod.bias)
+            mod.__dict__["forward"] = mod.__dict__["_genserve_forward"]
+            mod.__dict__.pop(FOLDED, None)
+            stack.folded = None
+            return
+        width = self.slots * self.rank
+        bias = None if mod.bias is None else torch.cat([mod.bias, mod.bias.new_zeros(width)])
+        set_packed(key, torch.cat([w, stack.a.T]), bias)
+        if stack.folded is None:
+            stack.folded = partial(_folded_forward, self, stack, key, out)
+        mod.__dict__["forward"] = stack.folded
+        mod.__dict__[FOLDED] = True
 
     # ---- steps -----------------------------------------------------------------------
 
@@ -192,8 +230,29 @@ class LoraLayers:
             self.current.mask, self.current.always = None, False
 
 
+# Set on a layer while its forward is the folded one; packing or unpacking the layer
+# (packed_linear) replaces its forward and drops the flag.
+FOLDED = "_genserve_lora_folded"
+
+
+def _folded_forward(lora: LoraLayers, stack: _Stack, key: int, out_features: int,
+                    x: torch.Tensor) -> torch.Tensor:
+    """A folded layer's forward: base output and ``x @ A_cat`` from one packed GEMM."""
+    width = lora.slots * lora.rank
+    full = call_packed(key, out_features + width, x)
+    out = full[..., :out_features]
+    mask = (lora.static_mask[:x.shape[-2]] if torch.compiler.is_compiling()
+            else lora.current.mask)
+    if mask is not None:
+        xa = full[..., out_features:].reshape(-1, width)
+        out.view(-1, out_features).addmm_(xa * mask, stack.b)
+    return out
+
+
 def _apply(lora: LoraLayers, stack: _Stack, module: nn.Module, args: tuple[Any, ...],
            out: torch.Tensor) -> torch.Tensor | None:
+    if module.__dict__.get(FOLDED, False):  # (a flag: dynamo cannot trace ``is`` on partials)
+        return None  # the folded forward added the LoRA term
     x = args[0]  # [1, T, in]: the packed step
     mask: torch.Tensor | None
     if torch.compiler.is_compiling():  # the compiled decode step: always in the graph

@@ -69,6 +69,29 @@ def _packed_forward(key: int, out_features: int, x: torch.Tensor) -> torch.Tenso
     return _linear(x, key, out_features)
 
 
+def packed_key(mod: nn.Module) -> int | None:
+    """The layer's key while it is packed, else None."""
+    key = mod.__dict__.get("_genserve_key")
+    return key if key in _LAYERS else None
+
+
+def base_weight(key: int, out_features: int) -> torch.Tensor:
+    """The packed layer's own weight ``[out, in]``, dense (without extra rows a fold added)."""
+    return _LAYERS[key][0].to_dense()[:out_features]
+
+
+def set_packed(key: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Pack ``weight`` (``[out + extra, in]``) for layer ``key``: LoRA folds its A into the
+    layer this way (lora.py), so one GEMM gives the base output and ``x @ A``."""
+    _LAYERS[key] = (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT),
+                    bias)
+
+
+def call_packed(key: int, width: int, x: torch.Tensor) -> torch.Tensor:
+    """``x`` through layer ``key``'s packed weight, ``width`` output columns."""
+    return _packed_forward(key, width, x)
+
+
 def pack_linears(model: nn.Module) -> int:
     """Reorder every ``nn.Linear`` weight of ``model`` for oneDNN; returns how many."""
     shared = _shared_weights(model)
@@ -89,6 +112,7 @@ def pack_linears(model: nn.Module) -> int:
             # A plain instance attribute: nn.Module.__call__ finds it before the class's.
             # Packed again, a layer gets the very objects it had (forward, placeholder):
             # compiled graphs guard on their identity.
+            mod.__dict__.pop("_genserve_lora_folded", None)  # lora.FOLDED: not folded now
             mod.__dict__["forward"] = mod.__dict__.setdefault(
                 "_genserve_forward",
                 functools.partial(_packed_forward, key, int(mod.weight.shape[0])))
@@ -113,8 +137,11 @@ def unpack_linears(model: nn.Module) -> None:
                 continue
             packed, _ = _LAYERS.pop(key)
             del mod.forward
+            mod.__dict__.pop("_genserve_lora_folded", None)  # lora.FOLDED
             if isinstance(mod, nn.Linear) and mod.weight.stride() == (0, 0):
-                mod.weight = nn.Parameter(packed.to_dense(), requires_grad=False)
+                # [:out]: a layer LoRA folded into holds extra rows (lora.py)
+                mod.weight = nn.Parameter(packed.to_dense()[:mod.weight.shape[0]],
+                                          requires_grad=False)
 
 
 def is_packed(model: nn.Module) -> bool:

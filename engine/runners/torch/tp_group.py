@@ -115,7 +115,10 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum ``x`` over the ranks (a row-parallel layer's partial outputs)."""
     if torch.compiler.is_compiling():
         return torch.ops.genserve.tp_all_reduce(x)
-    dist.all_reduce(x, group=_DEVICE_GROUP)  # a fresh layer output: reduce in place
+    # A fresh layer output: reduced in place, once contiguous (a layer with LoRA's A folded
+    # in returns a view of a wider output: lora.py)
+    x = x.contiguous()
+    dist.all_reduce(x, group=_DEVICE_GROUP)
     return x
 
 

@@ -14,6 +14,8 @@ import torch
 from engine.adapters import read_adapter
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.runners.select import torch_runner
+from engine.runners.torch import stock_transformers
 from engine.runners.torch.lora import LoraLayers
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
@@ -158,3 +160,23 @@ def test_speculative_verify_rows_run_the_requests_adapter(tiny_model_dir, lora_c
         method="ngram", num_spec_tokens=3, ngram_min=1, ngram_max=3))
     assert run(eng, ["a1", "a2", ""], prompt, params) == plain
     assert eng.speculator is not None and eng.speculator.stats.proposed > 0
+
+
+def test_folded_a_is_repacked_when_a_slot_is_overwritten(tiny_model_dir, lora_cache,
+                                                          references):
+    """One slot, two adapters taking turns: each write re-packs ``[W; A_catᵀ]`` into the
+    packed layers, so each adapter gives its own merged-reference tokens; unpacking gives
+    the layers back their plain weights."""
+    eng = engine(tiny_model_dir, lora_cache, max_loras=1)
+    runner = torch_runner(eng.runner)
+    for a in ("a1", "a2", "a1", ""):
+        assert run(eng, [a]) == [references[a]]
+    lora = runner.lora
+    assert lora is not None
+    folded = [s for s in lora.stacks.values() if s.targeted]
+    assert folded and all(s.module.__dict__["forward"] is s.folded for s in folded)
+    base = merged_model(tiny_model_dir, None)
+    with stock_transformers(runner.model) as model:
+        plain = dict(model.named_parameters())
+        for name, p in base.named_parameters():
+            assert torch.equal(plain[name], p), name
