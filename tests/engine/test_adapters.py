@@ -404,6 +404,14 @@ def async_engine_over(reg: AdapterRegistry, **config_kw) -> AsyncEngine:
     return AsyncEngine(stand_in)  # type: ignore[arg-type]
 
 
+async def waiters(reg, n: int) -> None:
+    """Until ``n`` requests wait in line for a slot (at most 5 s)."""
+    for _ in range(500):
+        if reg.waiting >= n:
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_a_cancelled_lease_adapter_call_leaves_no_lease_and_no_waiting_thread(
         cache, tiny_model_dir):
     reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
@@ -416,10 +424,7 @@ def test_a_cancelled_lease_adapter_call_leaves_no_lease_and_no_waiting_thread(
         held = await engine.lease_adapter("a1")
         assert held is not None
         task = asyncio.create_task(engine.lease_adapter("a2"))
-        for _ in range(500):
-            if reg.waiting:
-                break
-            await asyncio.sleep(0.01)
+        await waiters(reg, 1)
         assert reg.waiting == 1 and engine._leasing == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -441,10 +446,7 @@ def test_abort_all_ends_waits_for_a_slot_as_shutting_down_leaving_nothing_held(
         held = await engine.lease_adapter("a1")
         assert held is not None
         task = asyncio.create_task(engine.lease_adapter("a2"))
-        for _ in range(500):
-            if reg.waiting:
-                break
-            await asyncio.sleep(0.01)
+        await waiters(reg, 1)
         engine.abort_all()  # a drain's grace runs out
         with pytest.raises(EngineDeadError, match="shutting down.*'a2'"):
             await asyncio.wait_for(task, 5)
@@ -464,10 +466,7 @@ def test_requests_waiting_for_a_slot_count_against_the_waiting_queue_bound(cache
         assert held is not None
         engine.check_queue()
         waits = [asyncio.create_task(engine.lease_adapter("a2")) for _ in range(2)]
-        for _ in range(500):
-            if reg.waiting == 2:
-                break
-            await asyncio.sleep(0.01)
+        await waiters(reg, 2)
         with pytest.raises(QueueFullError):  # a seat and the one waiting place are spoken for
             engine.check_queue()
         for task in waits:
