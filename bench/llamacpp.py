@@ -52,7 +52,8 @@ from specdecode.worker import speculator_for
 
 def gguf_path(model: str) -> str:
     """The GGUF the server's llama.cpp runner runs for ``model`` by default (``--requantize
-    auto``: a cached Q8_0 copy of a Q4_1 file), so llama.cpp itself runs the same weights."""
+    auto``: a cached BF16 or Q8_0 copy of a Q4_1 file), so llama.cpp itself runs the same
+    weights."""
     source = resolve_model(model)
     assert source.gguf_file, f"{model} is not a .gguf"
     path = Path(source.directory, source.gguf_file).resolve()

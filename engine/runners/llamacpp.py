@@ -62,7 +62,7 @@ from engine.runners.base import (
 )
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
-from engine.runners.requantize import requantize, target_format
+from engine.runners.requantize import cpu_has_bf16_gemm, requantize, target_format
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,8 @@ class LlamaCppRunner:
         self.model = self._load(path)
         self.quantization = self._ftype()
         self.requantized_from: str | None = None
-        target = target_format(config.requantize, self.quantization)
+        bf16_gemm = cpu_has_bf16_gemm(llama_cpp)
+        target = target_format(config.requantize, self.quantization, bf16_gemm)
         if target is not None:
             try:
                 path = str(requantize(llama_cpp, Path(path), target, self.threads))
@@ -321,7 +322,9 @@ class LlamaCppRunner:
         log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
                  "KV cache %d cells (%d blocks of %d, %.0f MiB f16) for %d sequences",
                  self.model_id, desc.value.decode(), self.quantization,
-                 f", requantised from {self.requantized_from}" if self.requantized_from
+                 f", requantised from {self.requantized_from}"
+                 + (" (--requantize auto: BF16 on a CPU with AVX512-BF16, else Q8_0)"
+                    if config.requantize == "auto" else "") if self.requantized_from
                  else "", time.perf_counter() - start, self.threads, cparams.n_ubatch,
                  " (batch invariant)" if config.batch_invariant else "", cparams.n_ctx,
                  self.num_blocks, config.block_size,

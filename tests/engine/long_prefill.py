@@ -73,10 +73,12 @@ class Timing:
 
 
 def time_short_during_long_prefill(engine: LLMEngine, long_ids: list[int],
-                                   short_ids: list[int], warmup_steps: int = 2) -> Timing:
+                                   short_ids: list[int], warmup_steps: int = 2,
+                                   abort_long: bool = False) -> Timing:
     """TTFT of a short request on the idle engine and while a long prompt prefills,
     through ``AsyncEngine`` (so the request arrives mid-step, as a client's does), with
-    every step's duration recorded."""
+    every step's duration recorded. ``abort_long``: abort the long request once the short
+    one has its token (the rest of a slow runner's prefill proves nothing more)."""
     durations: list[tuple[float, bool]] = []  # (seconds, long prompt prefilling)
     step = engine.step
 
@@ -111,11 +113,13 @@ def time_short_during_long_prefill(engine: LLMEngine, long_ids: list[int],
             durations.clear()
             long = asyncio.create_task(first_token_at(
                 ae, "long", long_ids, SamplingParams(max_new_tokens=1, ignore_eos=True)))
-            while sum(p for _, p in durations) < warmup_steps:  # well into its prefill
-                await asyncio.sleep(0.001)
+            while sum(p for _, p in durations) < warmup_steps and not long.done():
+                await asyncio.sleep(0.001)  # well into its prefill (unless it is over)
             busy = await ttft(ae, "busy", short_ids)
             short_at = time.perf_counter()
-            long_at = await long
+            if abort_long and not long.done():
+                ae.abort("long")
+            long_at = await long or float("inf")  # aborted before its token: after
             during = [d for d, p in durations if p]
             return Timing(idle, busy, statistics.median(during), short_at < long_at, during)
         finally:

@@ -133,17 +133,21 @@ def test_greedy_alone_matches_llama_cpp_generate(engine, ids, reference):
     assert engine.scheduler.allocator.num_used == 0
 
 
-def test_by_default_q4_1_runs_as_a_cached_q8_0_copy_in_512_token_ubatches(ids):
-    """No --batch-invariant, --requantize auto: the shipped Q4_1 runs requantised to Q8_0
-    (cached on disk: a second engine reuses the copy), and greedy output alone equals
-    llama.cpp's own on that copy with the same ubatch."""
+def test_by_default_q4_1_runs_as_a_cached_requantised_copy_in_512_token_ubatches(ids):
+    """No --batch-invariant, --requantize auto: the shipped Q4_1 runs requantised (BF16
+    where the CPU has BF16 GEMM, else Q8_0; cached on disk: a second engine reuses the
+    copy), and greedy output alone equals llama.cpp's own on that copy with the same
+    ubatch."""
     import llama_cpp
 
+    from engine.runners.requantize import cpu_has_bf16_gemm
+
+    want_format = "BF16" if cpu_has_bf16_gemm(llama_cpp) else "Q8_0"
     default = LLMEngine(config(batch_invariant=False, requantize="auto"))
     runner = default.runner
-    assert default.info.quantization == "Q8_0"
+    assert default.info.quantization == want_format
     assert runner.requantized_from == "Q4_1"  # type: ignore[attr-defined]
-    copy = requantized_path(Path(default_model_path()).resolve(), "Q8_0")
+    copy = requantized_path(Path(default_model_path()).resolve(), want_format)
     assert runner.path == str(copy)  # type: ignore[attr-defined]
     assert llama_cpp.llama_n_ubatch(runner.ctx) == UBATCH  # type: ignore[attr-defined]
     llm = llama_cpp.Llama(str(copy), n_ctx=1024, n_threads=THREADS, flash_attn=True,
@@ -355,12 +359,15 @@ def test_a_short_request_during_a_long_prefill_gets_its_token_next_step_output_u
     assert engine.scheduler.allocator.num_used == 0
 
 
-def test_short_ttft_while_a_long_prompt_prefills_is_within_two_steps_of_idle(engine):
-    short_ids = prompt_of(engine.tokenizer, 16, "Hello there, how are you today? ")
-    # a long prompt this engine has not seen: the one above is in its prefix cache now
-    long_ids = prompt_of(engine.tokenizer, LONG_PROMPT,
+def test_short_ttft_while_a_3600_token_prompt_prefills_is_within_two_steps_of_idle():
+    """The issue's case, on the default configuration (not batch invariant) with room for
+    a 3,600-token prompt; the long request is aborted once the short one has its token."""
+    long_engine = LLMEngine(config(max_model_len=4096, kv_cache_memory=128 << 20,
+                                   batch_invariant=False, requantize="auto"))
+    short_ids = prompt_of(long_engine.tokenizer, 16, "Hello there, how are you today? ")
+    long_ids = prompt_of(long_engine.tokenizer, 3600,
                          "Rivers carry sand and stones from the hills down to the sea. ")
-    t = time_short_during_long_prefill(engine, long_ids, short_ids)
+    t = time_short_during_long_prefill(long_engine, long_ids, short_ids, abort_long=True)
     assert t.short_first, "the short request's first token came after the long prompt's"
     # waits out the step it arrives in, then one step with a chunk; x1.5 for the noise
     assert t.busy_ttft <= t.idle_ttft + 1.5 * 2 * t.step + 0.05, t

@@ -15,6 +15,13 @@ def test_auto_requantises_only_the_formats_measured_to_lose():
     assert target_format("auto", "Q4_K - Medium") is None  # not measured: as it is
 
 
+def test_auto_picks_bf16_for_q4_1_only_where_the_cpu_has_bf16_gemm():
+    assert target_format("auto", "Q4_1", bf16_gemm=True) == "BF16"
+    assert target_format("auto", "Q8_0", bf16_gemm=True) is None
+    assert target_format("Q8_0", "Q4_1", bf16_gemm=True) == "Q8_0"  # a forced choice stays
+    assert target_format("none", "Q4_1", bf16_gemm=True) is None
+
+
 def test_none_and_the_files_own_format_run_it_as_it_is():
     assert target_format("none", "Q4_1") is None
     assert target_format("Q8_0", "Q8_0") is None
@@ -22,7 +29,7 @@ def test_none_and_the_files_own_format_run_it_as_it_is():
 
 
 def test_an_unknown_choice_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match="auto, none, Q8_0, F16"):
+    with pytest.raises(ValueError, match="auto, none, Q8_0, BF16, F16"):
         target_format("Q2_K", "Q4_1")
 
 
