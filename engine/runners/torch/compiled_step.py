@@ -6,7 +6,8 @@ A pure-decode step has one query token per row, so its shape is fixed by the row
   opaque op ``genserve::decode_attention`` (attention.py), split there and compiled
   piece by piece (piecewise.py: one layer compiled, shared by all). Two graphs:
   one for a single row (static shapes) and one for 2..``max_rows`` rows (the row count a
-  dynamic dimension, so no padding and no graph per bucket). Attention runs eagerly
+  dynamic dimension, so no padding and no graph per bucket; compiled at ``max_rows``,
+  see ``_compile_dynamic``). Attention runs eagerly
   between the pieces and gathers only as many KV blocks as the step's longest row needs.
   Inductor's FX graph cache keeps the compiled code under the genserve cache root.
 - CUDA: the model captured as one ``torch.cuda.CUDAGraph`` per (row bucket, context
