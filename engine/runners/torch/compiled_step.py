@@ -6,7 +6,8 @@ A pure-decode step has one query token per row, so its shape is fixed by the row
   opaque op ``genserve::decode_attention`` (attention.py), split there and compiled
   piece by piece (piecewise.py: one layer compiled, shared by all). Two graphs:
   one for a single row (static shapes) and one for 2..``max_rows`` rows (the row count a
-  dynamic dimension, so no padding and no graph per bucket). Attention runs eagerly
+  dynamic dimension, so no padding and no graph per bucket; compiled at ``max_rows``,
+  see ``_compile_dynamic``). Attention runs eagerly
   between the pieces and gathers only as many KV blocks as the step's longest row needs.
   Inductor's FX graph cache keeps the compiled code under the genserve cache root.
 - CUDA: the model captured as one ``torch.cuda.CUDAGraph`` per (row bucket, context
@@ -304,8 +305,14 @@ class DecodeGraphs:
         return "compiled"
 
     def _compile_dynamic(self, max_rows: int) -> str:
-        self._warm_call(2, dynamic_max=max_rows)
-        for rows in sorted({3, max_rows} - {1, 2}):
+        """Compiled at the top of the range, then checked at its bottom. Both caches pick
+        an entry by evaluating its guards at the example's row count only, not over the
+        marked range: compiled at 2 rows, an entry for 2..4 rows (a smaller
+        ``max_num_seqs`` earlier, in this process or in inductor's on-disk cache) matched,
+        and its ``rows <= 4`` broke the 2..8 constraint (ConstraintViolationError) or the
+        check at 8 rows. At ``max_rows`` only an entry covering it can match."""
+        self._warm_call(max_rows, dynamic_max=max_rows)
+        for rows in sorted({2, 3} - {max_rows}):
             if rows <= max_rows:
                 self._verify(rows)  # raises if this size would need a graph of its own
         self._dynamic_max = max_rows

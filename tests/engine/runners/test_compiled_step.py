@@ -345,3 +345,23 @@ def test_packed_linears_compile_and_match_the_eager_packed_step(tiny_model_dir):
         seqs.add(n)
     for which in ([0], [0, 1, 2], [1, 2], [2]):
         assert_same(seqs.step(which))
+
+
+def test_a_graph_for_fewer_rows_is_not_taken_for_a_wider_range(
+        tmp_path, tokenizer_dir, monkeypatch):
+    """A runner compiled for 2..4 rows, then one for 2..8 in the same process (a smaller
+    ``max_num_seqs`` before; inductor's on-disk cache behaves alike across processes):
+    the second gets a graph of its own covering 8 rows, exact, not the first's (which
+    failed the check at 8 rows, or broke the 2..8 constraint: issue 29)."""
+    model_dir = build_tiny_model(tmp_path / "m", tokenizer_dir, num_layers=1, hidden=32,
+                                 seed=2)  # a shape no other test compiles
+    narrow = ModelRunner(config(model_dir))
+    assert narrow.warmup(buckets=[4]).ready == ["2-4"]
+    wide = ModelRunner(config(model_dir), share_weights=narrow)
+    assert wide.warmup(buckets=[MAX_ROWS]).ready == [f"2-{MAX_ROWS}"]
+    calls = count_compiled(monkeypatch, wide)
+    seqs = Seqs((wide, ModelRunner(config(model_dir), share_weights=narrow)), seed=7)
+    for n in range(1, MAX_ROWS + 1):
+        seqs.add(3 * n)
+    assert_same(seqs.step(list(range(MAX_ROWS))))
+    assert calls == [MAX_ROWS]
