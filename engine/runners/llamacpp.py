@@ -11,6 +11,8 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
   ``num_blocks * block_size`` cells. The scheduler keeps accounting in blocks: a sequence
   holds ``ceil(tokens / block_size)`` blocks, so the cells llama.cpp uses never exceed the
   blocks handed out (llama.cpp places a token in any free cell, no contiguity needed).
+  Under ``--batch-invariant`` one KV stream per sequence instead (``llamacpp_streams.py``):
+  as many sequences as streams of a whole sequence fit the budget, no prefix caching.
 - An engine sequence gets a llama.cpp sequence id on its first chunk and gives it back
   when the scheduler frees its blocks (finish, abort, preemption): ``release`` removes its
   cells with ``llama_memory_seq_rm``.
