@@ -85,6 +85,11 @@ FLASH_ATTN = 1  # llama_context_params.flash_attn_type: -1 auto, 0 off, 1 on
 # mode's streams' worth of cells as one unified cache instead (what the tests compare with)
 KV_STREAMS = True
 INVARIANT_UBATCH = 63
+# ... and a bf16 V cache in that mode: a ubatch of one query over 512+ cells with an f16 K
+# and V of the same type takes the split-KV decode kernel (cells split among threads),
+# whose rounding differs from the same row's beside other rows (by up to 0.5 with 2
+# threads); a V type unlike K's keeps every row on the per-query kernel. ggml's type id.
+INVARIANT_TYPE_V = 30  # GGML_TYPE_BF16
 UBATCH = 512
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
@@ -301,6 +306,8 @@ class LlamaCppRunner:
                    and n_seq_max > config.max_num_seqs)
         cparams.n_seq_max = n_seq_max if caching else self.max_num_seqs
         cparams.kv_unified = self.streams is None or not KV_STREAMS
+        if config.batch_invariant:
+            cparams.type_v = INVARIANT_TYPE_V
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.no_perf = True
         cparams.flash_attn_type = FLASH_ATTN
@@ -323,7 +330,7 @@ class LlamaCppRunner:
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
             log.info("batch invariant: one KV stream per sequence, %d streams of %d cells "
-                     "(%.0f MiB f16 each)%s", self.streams.count, self.streams.cells,
+                     "(%.0f MiB each: K f16, V bf16)%s", self.streams.count, self.streams.cells,
                      self.streams.cells * bytes_per_cell / 2**20,
                      f"; --max-num-seqs {config.max_num_seqs} lowered to {self.max_num_seqs}"
                      f" (what --kv-cache-memory holds)"

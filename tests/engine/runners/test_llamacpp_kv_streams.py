@@ -7,6 +7,8 @@ start when not even one fits. Skipped where llama-cpp-python is not installed.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.config import EngineConfig
@@ -17,6 +19,7 @@ from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
+from tests.engine.long_prefill import prompt_of
 from tests.engine.runners.test_llamacpp_runner import PROMPTS, THREADS
 
 pytestmark = pytest.mark.skipif(not llama_cpp_available(),
@@ -135,3 +138,28 @@ def test_streams_hold_a_whole_sequence_each_and_none_fitting_is_refused_at_start
     assert kv_streams(10 * 512 * CELL, 512, CELL, 4).count == 4  # at most --max-num-seqs
     with pytest.raises(ValueError, match="--batch-invariant.*--kv-cache-memory"):
         LLMEngine(config(kv_cache_memory=256 * CELL - 1))
+
+
+def test_a_lone_row_over_512_cells_on_two_threads_equals_the_same_row_beside_others():
+    """Past 256 cells (llama.cpp attends over the cells padded to 256), a ubatch of a single
+    row takes llama.cpp's split-KV decode kernel on f16 K and V, whose rounding differs
+    from the row's beside other rows from 2 threads on: the mode's bf16 V keeps every row
+    on one kernel. Logprobs alone equal those beside a mate in the next stream."""
+    eng = LLMEngine(config(max_model_len=512, kv_cache_memory=2 * 512 * CELL, threads=2))
+    prompt = prompt_of(eng.tokenizer, 260)
+    mate = prompt_of(eng.tokenizer, 16, "Rivers carry sand and stones down to the sea. ")
+    p = SamplingParams(max_new_tokens=3, ignore_eos=True, logprobs=True)
+
+    def logprobs(arrivals) -> list[float]:
+        out: list[float] = []
+        for rid, ids_, params_ in arrivals:
+            eng.add_request(rid, ids_, params_)
+        while eng.has_work:
+            for o in eng.step():
+                if o.request_id == "x":
+                    out += [t.logprob for d in o.deltas for t in d.logprobs]
+        return out
+
+    alone = logprobs([("x", prompt, p)])
+    assert logprobs([("x", prompt, p), ("m", mate, dataclasses.replace(
+        p, max_new_tokens=8))]) == alone

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import default_model_path
 from engine.outputs import FinishReason
-from engine.runners.llamacpp import INVARIANT_UBATCH, UBATCH
+from engine.runners.llamacpp import INVARIANT_TYPE_V, INVARIANT_UBATCH, UBATCH
 from engine.runners.requantize import requantized_path
 from engine.runners.select import choose_runner, llama_cpp_available
 from engine.sampling_params import SamplingParams
@@ -89,7 +89,8 @@ def reference(ids) -> list[list[int]]:
 
     # flash attention as the runner's context runs it (llama.cpp's "auto": on for CPU)
     llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS,
-                          flash_attn=True, n_ubatch=INVARIANT_UBATCH, verbose=False)  # as ours
+                          flash_attn=True, n_ubatch=INVARIANT_UBATCH, type_v=INVARIANT_TYPE_V,
+                          verbose=False)  # as ours
     out = [list(itertools.islice(llm.generate(p, temp=0.0, reset=True), MAX_NEW))
            for p in ids]
     llm.close()
@@ -269,7 +270,8 @@ def test_prompt_logprobs_are_llama_cpps_own(engine, ids):
 
     prompt = ids[2] + ids[4]
     llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS, flash_attn=True,
-                          n_ubatch=INVARIANT_UBATCH, logits_all=True, verbose=False)
+                          n_ubatch=INVARIANT_UBATCH, type_v=INVARIANT_TYPE_V, logits_all=True,
+                          verbose=False)
     llm.eval(prompt)
     scores = np.asarray(llm.scores[:len(prompt) - 1], dtype=np.float64)
     llm.close()
