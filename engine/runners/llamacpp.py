@@ -81,15 +81,15 @@ LLAMA_MAX_SEQ = 256  # llama.cpp's bound on sequences in one context (src/llama-
 # tokens in the invariant mode; 512 otherwise (prefill ~1.3-2x faster, measured in
 # docs/llamacpp-runner.md; decode steps of up to 63 rows are the same either way).
 FLASH_ATTN = 1  # llama_context_params.flash_attn_type: -1 auto, 0 off, 1 on
-# --batch-invariant runs one KV stream per sequence (llamacpp_streams.py); False runs that
-# mode's streams' worth of cells as one unified cache instead (what the tests compare with)
-KV_STREAMS = True
 INVARIANT_UBATCH = 63
 # ... and a bf16 V cache in that mode: a ubatch of one query over 512+ cells with an f16 K
 # and V of the same type takes the split-KV decode kernel (cells split among threads),
 # whose rounding differs from the same row's beside other rows (by up to 0.5 with 2
 # threads); a V type unlike K's keeps every row on the per-query kernel. ggml's type id.
 INVARIANT_TYPE_V = 30  # GGML_TYPE_BF16
+# --batch-invariant runs one KV stream per sequence (llamacpp_streams.py); False runs that
+# mode's streams' worth of cells as one unified cache instead (what the tests compare with)
+KV_STREAMS = True
 UBATCH = 512
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
@@ -330,11 +330,13 @@ class LlamaCppRunner:
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
             log.info("batch invariant: one KV stream per sequence, %d streams of %d cells "
-                     "(%.0f MiB each: K f16, V bf16)%s", self.streams.count, self.streams.cells,
+                     "(%.0f MiB each: K f16, V bf16)%s%s", self.streams.count,
+                     self.streams.cells,
                      self.streams.cells * bytes_per_cell / 2**20,
                      f"; --max-num-seqs {config.max_num_seqs} lowered to {self.max_num_seqs}"
                      f" (what --kv-cache-memory holds)"
-                     if self.max_num_seqs < config.max_num_seqs else "")
+                     if self.max_num_seqs < config.max_num_seqs else "",
+                     "" if KV_STREAMS else " (KV_STREAMS off: in one unified cache)")
             if config.enable_prefix_caching:
                 log.info("llama.cpp runner: prefix caching off under --batch-invariant "
                          "(cached cells cannot be shared across KV streams)")
