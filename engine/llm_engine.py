@@ -61,6 +61,11 @@ class LLMEngine:
         self.config = config
         self.runner: Runner = create_runner(
             config, share_weights.runner if share_weights else None)
+        # a runner may hold fewer sequences than asked (llama.cpp's KV streams under
+        # --batch-invariant: what the KV budget holds); the scheduler runs that many
+        held = getattr(self.runner, "max_num_seqs", config.max_num_seqs)
+        if held < config.max_num_seqs:
+            self.config = config = dataclasses.replace(config, max_num_seqs=held)
         self.tokenizer = self.runner.tokenizer
         self.info = ModelInfo(model_id=self.runner.model_id,
                               max_model_len=self.runner.max_model_len,

@@ -11,6 +11,8 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
   ``num_blocks * block_size`` cells. The scheduler keeps accounting in blocks: a sequence
   holds ``ceil(tokens / block_size)`` blocks, so the cells llama.cpp uses never exceed the
   blocks handed out (llama.cpp places a token in any free cell, no contiguity needed).
+  Under ``--batch-invariant`` one KV stream per sequence instead (``llamacpp_streams.py``):
+  as many sequences as streams of a whole sequence fit the budget, no prefix caching.
 - An engine sequence gets a llama.cpp sequence id on its first chunk and gives it back
   when the scheduler frees its blocks (finish, abort, preemption): ``release`` removes its
   cells with ``llama_memory_seq_rm``.
@@ -31,6 +33,7 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
 from __future__ import annotations
 
 import ctypes
+import heapq
 import logging
 import os
 import time
@@ -62,6 +65,7 @@ from engine.runners.base import (
 )
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
+from engine.runners.llamacpp_streams import kv_streams
 from engine.runners.requantize import cpu_has_bf16_gemm, requantize, target_format
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,14 @@ LLAMA_MAX_SEQ = 256  # llama.cpp's bound on sequences in one context (src/llama-
 # docs/llamacpp-runner.md; decode steps of up to 63 rows are the same either way).
 FLASH_ATTN = 1  # llama_context_params.flash_attn_type: -1 auto, 0 off, 1 on
 INVARIANT_UBATCH = 63
+# ... and a bf16 V cache in that mode: a ubatch of one query over 512+ cells with an f16 K
+# and V of the same type takes the split-KV decode kernel (cells split among threads),
+# whose rounding differs from the same row's beside other rows (by up to 0.5 with 2
+# threads); a V type unlike K's keeps every row on the per-query kernel. ggml's type id.
+INVARIANT_TYPE_V = 30  # GGML_TYPE_BF16
+# --batch-invariant runs one KV stream per sequence (llamacpp_streams.py); False runs that
+# mode's streams' worth of cells as one unified cache instead (what the tests compare with)
+KV_STREAMS = True
 UBATCH = 512
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
                      "def f(x):\n    return x ** 2  # héllo — 日本語 ✓\n\t{\"a\": [1, 2.5]}")
@@ -260,47 +272,76 @@ class LlamaCppRunner:
             log.warning("max_model_len %d exceeds the model's %d; using %d",
                         config.max_model_len, model_max, model_max)
 
-        bytes_per_block = n_layer * n_head_kv * (k_dim + v_dim) * KV_BYTES_PER_ELEMENT \
-            * config.block_size
-        self.num_blocks = config.kv_cache_memory // bytes_per_block
-        if self.num_blocks < 2:
-            raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer "
-                             f"than 2 blocks ({bytes_per_block} bytes each)")
+        bytes_per_cell = n_layer * n_head_kv * (k_dim + v_dim) * KV_BYTES_PER_ELEMENT
+        bytes_per_block = bytes_per_cell * config.block_size
         if config.max_num_seqs > LLAMA_MAX_SEQ:
             raise ValueError(f"the llama.cpp runner holds at most {LLAMA_MAX_SEQ} "
                              f"sequences; --max-num-seqs is {config.max_num_seqs}")
+        # --batch-invariant: one KV stream per sequence (llamacpp_streams.py); the engine
+        # runs at most as many sequences as there are streams.
+        self.streams = kv_streams(config.kv_cache_memory, self.max_model_len,
+                                  bytes_per_cell, config.max_num_seqs) \
+            if config.batch_invariant else None
+        self.max_num_seqs = self.streams.count if self.streams else config.max_num_seqs
+        if self.streams:
+            self.num_blocks = self.streams.n_ctx // config.block_size
+        else:
+            self.num_blocks = config.kv_cache_memory // bytes_per_block
+        if self.num_blocks < 2:
+            raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer "
+                             f"than 2 blocks ({bytes_per_block} bytes each)")
         self.n_batch = config.step_token_budget() + config.max_num_seqs
         cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = self.num_blocks * config.block_size
+        cparams.n_ctx = self.streams.n_ctx if self.streams else \
+            self.num_blocks * config.block_size
         cparams.n_batch = self.n_batch
         cparams.n_ubatch = min(self.n_batch, INVARIANT_UBATCH if config.batch_invariant
                                else UBATCH)
         # Prefix caching: the sequence ids past the running ones keep cached cells.
         # llama.cpp reserves an output row per sequence id within min(n_ctx, n_batch)
-        # (it aborts otherwise), so that bounds the ids too.
+        # (it aborts otherwise), so that bounds the ids too. Not with a stream per
+        # sequence: seq_cp shares cells within one stream only (across streams it copies
+        # a whole stream, and a keeper would take a stream's memory).
         n_seq_max = min(LLAMA_MAX_SEQ, cparams.n_ctx, cparams.n_batch)
-        caching = config.enable_prefix_caching and n_seq_max > config.max_num_seqs
-        cparams.n_seq_max = n_seq_max if caching else config.max_num_seqs
-        cparams.kv_unified = True
+        caching = (config.enable_prefix_caching and self.streams is None
+                   and n_seq_max > config.max_num_seqs)
+        cparams.n_seq_max = n_seq_max if caching else self.max_num_seqs
+        cparams.kv_unified = self.streams is None or not KV_STREAMS
+        if config.batch_invariant:
+            cparams.type_v = INVARIANT_TYPE_V
         cparams.n_threads = cparams.n_threads_batch = self.threads
         cparams.no_perf = True
         cparams.flash_attn_type = FLASH_ATTN
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             raise ValueError(f"llama.cpp could not create a context for {path} "
-                             f"({cparams.n_ctx} cells, {config.max_num_seqs} sequences)")
+                             f"({cparams.n_ctx} cells, {self.max_num_seqs} sequences)")
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.arrays = BatchArrays.allocate(self.n_batch)
         self._slot_of: dict[int, int] = {}  # engine seq id -> llama.cpp seq id
-        self._free_slots = list(range(config.max_num_seqs - 1, -1, -1))
-        self._cached = [0] * config.max_num_seqs  # positions each llama.cpp seq caches
+        # lowest first: with a stream per sequence, llama.cpp puts only sequences of
+        # consecutive ids in one ubatch, so the running ones should sit together
+        self._free_slots = list(range(self.max_num_seqs))
+        self._cached = [0] * self.max_num_seqs  # positions each llama.cpp seq caches
         self.supports_prefix_caching = caching
         self._kept = CellKeeper(
             llama_cpp, self.memory, config.block_size,
             range(config.max_num_seqs, n_seq_max), self._slot_of.get) if caching else None
         self.block_keeper: BlockKeeper | None = self._kept
-        if caching:
+        if self.streams:
+            log.info("batch invariant: one KV stream per sequence, %d streams of %d cells "
+                     "(%.0f MiB each: K f16, V bf16)%s%s", self.streams.count,
+                     self.streams.cells,
+                     self.streams.cells * bytes_per_cell / 2**20,
+                     f"; --max-num-seqs {config.max_num_seqs} lowered to {self.max_num_seqs}"
+                     f" (what --kv-cache-memory holds)"
+                     if self.max_num_seqs < config.max_num_seqs else "",
+                     "" if KV_STREAMS else " (KV_STREAMS off: in one unified cache)")
+            if config.enable_prefix_caching:
+                log.info("llama.cpp runner: prefix caching off under --batch-invariant "
+                         "(cached cells cannot be shared across KV streams)")
+        elif caching:
             log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "
                      "sequence ids", n_seq_max - config.max_num_seqs)
         elif config.enable_prefix_caching:
@@ -328,7 +369,7 @@ class LlamaCppRunner:
                  else "", time.perf_counter() - start, self.threads, cparams.n_ubatch,
                  " (batch invariant)" if config.batch_invariant else "", cparams.n_ctx,
                  self.num_blocks, config.block_size,
-                 self.num_blocks * bytes_per_block / 2**20, config.max_num_seqs)
+                 self.num_blocks * bytes_per_block / 2**20, self.max_num_seqs)
 
     def close(self) -> None:
         """Nothing to stop: the context and model are freed with the runner."""
@@ -514,7 +555,7 @@ class LlamaCppRunner:
             return
         self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
         self._cached[slot] = 0
-        self._free_slots.append(slot)
+        heapq.heappush(self._free_slots, slot)
 
     def _slot(self, seq_id: int, first_pos: int, block_table: list[int] | None = None) -> int:
         """The llama.cpp sequence of ``seq_id``, its cells trimmed to ``first_pos``; a new
@@ -524,8 +565,8 @@ class LlamaCppRunner:
         slot = self._slot_of.get(seq_id)
         if slot is None:
             if not self._free_slots:
-                raise RuntimeError(f"more than {self.config.max_num_seqs} sequences hold KV")
-            slot = self._slot_of[seq_id] = self._free_slots.pop()
+                raise RuntimeError(f"more than {self.max_num_seqs} sequences hold KV")
+            slot = self._slot_of[seq_id] = heapq.heappop(self._free_slots)
             if first_pos and self._kept is not None and block_table is not None:
                 self._kept.share(block_table[:first_pos // self.block_size], slot)
                 self._cached[slot] = first_pos
@@ -589,6 +630,13 @@ class LlamaCppRunner:
         a.seq_id[:n] = slots
         a.logits[:n] = 0
         wanted = np.asarray(rows, dtype=np.int64)
+        if self.streams is not None and len(set(slots)) > 1:
+            # llama.cpp's ubatches over several streams take sequences of consecutive ids
+            # only, in the order the batch first names them: the batch in id order
+            order = np.lexsort((a.pos[:n], a.seq_id[:n]))
+            for arr in (a.token, a.pos, a.seq_id):
+                arr[:n] = arr[:n][order]
+            wanted = np.argsort(order)[wanted]
         a.logits[wanted] = 1
         # One llama_decode (n <= n_batch): the step's tensor is llama.cpp's own logits
         # buffer, no copy (6 MB for 32 decodes). It stays valid until this context's next

@@ -25,7 +25,7 @@ import torch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading import weights_cache
-from engine.runners.llamacpp import INVARIANT_UBATCH
+from engine.runners.llamacpp import INVARIANT_TYPE_V, INVARIANT_UBATCH
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from tests.engine.runners.gguf_builder import default_tokenizer_fields, write_gguf
@@ -119,7 +119,8 @@ def llama(path: Path, **kw):
 
     # flash attention and ubatch as the runner's context runs them
     return llama_cpp.Llama(str(path), n_ctx=512, n_threads=THREADS, flash_attn=True,
-                           n_ubatch=INVARIANT_UBATCH, verbose=False, **kw)
+                           n_ubatch=INVARIANT_UBATCH, type_v=INVARIANT_TYPE_V, verbose=False,
+                           **kw)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
 """Prefix caching on the llama.cpp runner, real default GGUF: a shared system prompt and a
 chat's previous turn are served from cached cells (``Usage.cached_prompt_tokens``) and the
 greedy output is llama.cpp's own; in a small cache, eviction and preemption change no
-output and free every kept cell. Skipped where llama-cpp-python is not installed."""
+output and free every kept cell. On the unified KV cache (no --batch-invariant, whose KV
+streams turn prefix caching off), in ubatches under 64 tokens as the reference runs them.
+Skipped where llama-cpp-python is not installed."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def torch_threads():
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    eng = LLMEngine(config())
+    eng = LLMEngine(config(batch_invariant=False))
     assert eng.info.prefix_caching
     return eng
 
@@ -111,7 +113,8 @@ def test_eviction_and_preemption_in_a_small_cache_change_no_output_and_free_kept
     # their shared blocks, so the scheduler preempts; cached blocks nobody holds are
     # evicted to make room.
     block = 2 * 30 * 3 * 64 * 2 * 4  # K and V, 30 layers, 3 KV heads of 64, f16, 4 tokens
-    tight = LLMEngine(config(max_num_batched_tokens=7, block_size=4, kv_cache_memory=20 * block))
+    tight = LLMEngine(config(max_num_batched_tokens=7, block_size=4, kv_cache_memory=20 * block,
+                            batch_invariant=False))
     prompts = [tight.tokenizer("Answer briefly and name the aisle. " * 4 + q)["input_ids"]
                for q in QUESTIONS]
     kept = tight.runner.block_keeper

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.model_loader import default_model_path
 from engine.outputs import FinishReason
-from engine.runners.llamacpp import INVARIANT_UBATCH, UBATCH
+from engine.runners.llamacpp import INVARIANT_TYPE_V, INVARIANT_UBATCH, UBATCH
 from engine.runners.requantize import requantized_path
 from engine.runners.select import choose_runner, llama_cpp_available
 from engine.sampling_params import SamplingParams
@@ -46,7 +46,8 @@ COPY_PROMPT = ("Repeat this list exactly: apples, bananas, cherries, dates, elde
                "figs, grapes, honeydew, kiwis, lemons, mangoes.\nList: apples, bananas,")
 MAX_NEW = 24
 THREADS = 1  # robust on a busy machine: 2 spinning threads on 2 shared cores crawl
-KV = 64 << 20  # 2800 cells: plenty for these prompts
+STREAM = 1024 * 30 * 3 * 64 * 2 * 2  # 1,024 cells x 30 layers x 3 KV heads of 64, K+V f16
+KV = 6 * STREAM  # --batch-invariant: six sequences at once, each in a stream of its own
 
 
 def config(**kw) -> EngineConfig:
@@ -88,7 +89,8 @@ def reference(ids) -> list[list[int]]:
 
     # flash attention as the runner's context runs it (llama.cpp's "auto": on for CPU)
     llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS,
-                          flash_attn=True, n_ubatch=INVARIANT_UBATCH, verbose=False)  # as ours
+                          flash_attn=True, n_ubatch=INVARIANT_UBATCH, type_v=INVARIANT_TYPE_V,
+                          verbose=False)  # as ours
     out = [list(itertools.islice(llm.generate(p, temp=0.0, reset=True), MAX_NEW))
            for p in ids]
     llm.close()
@@ -170,16 +172,24 @@ def test_greedy_staggered_and_n2_match(engine, ids, reference):
     assert tokens(res, "n2", 0) == tokens(res, "n2", 1) == reference[0]
 
 
-def test_greedy_with_chunked_prefill_and_preemption_matches(ids, reference):
-    # 7-token budget: every prompt prefills in chunks; 24 blocks of 4 cells hold about two
-    # sequences at once, so the scheduler preempts and recomputes.
-    block = 2 * 30 * 3 * 64 * 2 * 4  # K and V, 30 layers, 3 KV heads of 64, f16, 4 tokens
-    tight = LLMEngine(config(max_num_batched_tokens=7, block_size=4,
-                             kv_cache_memory=24 * block))
+def test_greedy_with_chunked_prefill_and_more_requests_than_kv_streams_matches(ids, reference):
+    # 7-token budget: every prompt prefills in chunks; the KV budget holds two streams of a
+    # whole 1,024-cell sequence (--batch-invariant), so two run at once and the rest wait.
+    tight = LLMEngine(config(max_num_batched_tokens=7, kv_cache_memory=STREAM * 5 // 2))
+    assert tight.config.max_num_seqs == tight.scheduler.max_num_seqs == 2
+    running: list[int] = []
+    step = tight.step
+
+    def counting():
+        running.append(len(tight.scheduler.running))
+        return step()
+
+    tight.step = counting  # type: ignore[method-assign]
     res = run_to_completion(tight, {0: [(f"c{i}", p, greedy()) for i, p in enumerate(ids)]})
-    assert tight.scheduler.num_preemptions > 0
+    assert max(running) == 2
     for i in range(len(ids)):
         assert tokens(res, f"c{i}") == reference[i], f"prompt {i}"
+        assert res[f"c{i}"][0].finish_reason is FinishReason.LENGTH
     assert tight.scheduler.allocator.num_used == 0
 
 
@@ -264,7 +274,8 @@ def test_prompt_logprobs_are_llama_cpps_own(engine, ids):
 
     prompt = ids[2] + ids[4]
     llm = llama_cpp.Llama(default_model_path(), n_ctx=1024, n_threads=THREADS, flash_attn=True,
-                          n_ubatch=INVARIANT_UBATCH, logits_all=True, verbose=False)
+                          n_ubatch=INVARIANT_UBATCH, type_v=INVARIANT_TYPE_V, logits_all=True,
+                          verbose=False)
     llm.eval(prompt)
     scores = np.asarray(llm.scores[:len(prompt) - 1], dtype=np.float64)
     llm.close()
@@ -288,10 +299,8 @@ def test_seeded_sampling_is_the_same_alone_among_mates_and_with_speculation(engi
     """A seeded sampled request (temperature 0.9, top-p 0.95) on a copy-heavy prompt emits
     the same tokens alone, among random batch mates, with n-gram speculation of several k,
     and when a crowd turns speculation off for some steps: each output position draws one
-    uniform whether or not it speculated. The mates outlive it and n = 1: a sequence that
-    ends mid-run frees KV cells llama.cpp then fills out of position order, which moves
-    this runner's logits (by up to ~0.9 on the default model) whatever the sampler does
-    (see the runner's notes on batch invariance)."""
+    uniform whether or not it speculated (mates that end first and free their cells:
+    test_llamacpp_kv_streams.py)."""
     prompt = engine.tokenizer(COPY_PROMPT)["input_ids"]
     params = SamplingParams(max_new_tokens=32, ignore_eos=True, temperature=0.9, top_p=0.95,
                             seed=11)

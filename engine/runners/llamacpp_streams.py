@@ -1,0 +1,47 @@
+"""``--batch-invariant`` on llama.cpp: one KV stream per sequence, sized from the budget.
+
+Why: llama.cpp's CPU flash attention walks a sequence's KV cells in cache order. In one
+unified cache a sequence's new tokens may land in cells freed *before* its older ones
+(a batch mate finished, was preempted, had proposals rejected), which reorders its sum
+and moves its logits. With ``kv_unified = False`` llama.cpp keeps one stream (its own
+cells) per sequence id: only the sequence itself frees cells in it, always at its tail
+(``seq_rm`` moves the stream's head back to the first freed cell), so its cells stay in
+position order whatever its batch mates do.
+
+The price: llama.cpp gives every stream ``n_ctx_seq = pad256(n_ctx / n_seq_max)`` cells
+up front (src/llama-context.cpp), so each must hold a whole ``max_model_len`` sequence,
+and the number of streams, the engine's concurrency, is what the KV budget holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STREAM_PAD = 256  # llama.cpp pads n_ctx_seq to a multiple of 256 cells
+
+
+@dataclass(frozen=True)
+class KvStreams:
+    count: int  # streams, one per running sequence: the engine's concurrency
+    cells: int  # cells of each (n_ctx_seq)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.count * self.cells
+
+
+def kv_streams(kv_cache_memory: int, max_model_len: int, bytes_per_cell: int,
+               max_num_seqs: int) -> KvStreams:
+    """As many streams of a whole sequence as ``kv_cache_memory`` holds, at most
+    ``max_num_seqs``; ``ValueError`` naming the flags when not even one fits."""
+    cells = -(-max_model_len // STREAM_PAD) * STREAM_PAD
+    per_stream = cells * bytes_per_cell
+    count = min(max_num_seqs, kv_cache_memory // per_stream)
+    if count < 1:
+        raise ValueError(
+            f"--batch-invariant keeps one KV stream of a whole sequence per running "
+            f"sequence: a stream of {cells} cells (max_model_len {max_model_len}, padded "
+            f"to {STREAM_PAD}) takes {per_stream} bytes, but --kv-cache-memory is "
+            f"{kv_cache_memory}; raise --kv-cache-memory to at least {per_stream} or "
+            f"lower --max-model-len")
+    return KvStreams(count, cells)
