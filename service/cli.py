@@ -103,9 +103,10 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--threads", "threads", positive_int,
      "llama.cpp runner's threads (default: the cores this process may use)"),
     ("--batch-invariant", "batch_invariant", bool,
-     "llama.cpp runner: prefill in 63-token ubatches so a sequence's logits do not depend "
-     "on how its prompt was chunked, at about half the prefill speed (off: 512-token "
-     "ubatches)"),
+     "llama.cpp runner: a request's output (greedy and seeded) does not depend on its "
+     "batch mates, chunking or speculation: one KV stream per sequence (concurrency = "
+     "what --kv-cache-memory holds of whole sequences), bf16 V cache, 63-token ubatches "
+     "(about half the prefill speed), no prefix caching"),
     ("--requantize", "requantize", ("auto", "none", "Q8_0", "BF16", "F16"),
      "llama.cpp runner: run a copy of the GGUF requantised once (cached beside the "
      "converted weights): auto = for a Q4_1 file, Q8_0 (about 2x faster prefill and "
