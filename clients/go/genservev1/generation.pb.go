@@ -553,7 +553,8 @@ type SamplingParameters struct {
 	PresencePenalty *float32 `protobuf:"fixed32,7,opt,name=presence_penalty,json=presencePenalty,proto3,oneof" json:"presence_penalty,omitempty"`
 	// [-2, 2]; applies to output tokens.
 	FrequencyPenalty *float32 `protobuf:"fixed32,8,opt,name=frequency_penalty,json=frequencyPenalty,proto3,oneof" json:"frequency_penalty,omitempty"`
-	// Makes sampling reproducible for this request regardless of its batch mates.
+	// Makes sampling reproducible for this request regardless of its batch mates (torch
+	// runner; llama.cpp runner with --batch-invariant, else as its kernels' rounding allows).
 	Seed *uint64 `protobuf:"varint,9,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
 	// Number of completions; unset = 1.
 	N *uint32 `protobuf:"varint,10,opt,name=n,proto3,oneof" json:"n,omitempty"`
