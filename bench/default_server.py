@@ -90,7 +90,8 @@ def model_info(address: str) -> pb.GetModelInfoResponse:
                                                              timeout=60)
 
 
-def measure(model: str = "default", new: int = 64, quick: bool = False) -> dict:
+def measure(model: str = "default", new: int = 64, quick: bool = False,
+            requantize: str = "auto") -> dict:
     n_seq = 2 if quick else 4
     torch_engine = LLMEngine(EngineConfig(model=model, runner="torch",
                                           kv_cache_memory=256 << 20))
@@ -101,7 +102,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False) -> dict:
     RESULTS.mkdir(parents=True, exist_ok=True)
     log_path = RESULTS / "server-default.log"
     server = start_server_process(model, port, log_path, runner="auto", quiet=False,
-                                  extra=("--metrics-port", "0"))
+                                  extra=("--metrics-port", "0", "--requantize", requantize))
     serving_at = time.monotonic()
     llm = None
     try:
@@ -112,7 +113,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False) -> dict:
             from engine.runners.llamacpp import default_threads
 
             threads = default_threads()
-            llm = llama_cpp.Llama(gguf_path(model), n_ctx=1024,
+            llm = llama_cpp.Llama(gguf_path(model, requantize), n_ctx=1024,
                                   n_threads=threads, n_threads_batch=threads,
                                   flash_attn=True, verbose=False)
 
@@ -225,8 +226,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--requantize", default="auto",
+                    help="the server's --requantize (default: its default); Llama.generate "
+                         "runs the same copy")
     args = ap.parse_args(argv)
-    res = measure(args.model, args.new_tokens, args.quick)
+    res = measure(args.model, args.new_tokens, args.quick, args.requantize)
     report(res)
     res["targets"] = targets(res)
     for name, ok in res["targets"].items():

@@ -50,14 +50,14 @@ from engine.sampling_params import SamplingParams
 from specdecode.worker import speculator_for
 
 
-def gguf_path(model: str) -> str:
+def gguf_path(model: str, requantize: str = "auto") -> str:
     """The GGUF the server's llama.cpp runner runs for ``model`` by default (``--requantize
-    auto``: a cached BF16 or Q8_0 copy of a Q4_1 file), so llama.cpp itself runs the same
+    auto``: a cached Q8_0 copy of a Q4_1 file), so llama.cpp itself runs the same
     weights."""
     source = resolve_model(model)
     assert source.gguf_file, f"{model} is not a .gguf"
     path = Path(source.directory, source.gguf_file).resolve()
-    return str(served_gguf(llama_lib(), path, "auto", default_threads()))
+    return str(served_gguf(llama_lib(), path, requantize, default_threads()))
 
 
 def llama_generate(llm, ids_list: list[list[int]], new: int) -> Row:

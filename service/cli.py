@@ -109,10 +109,10 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "(about half the prefill speed), no prefix caching"),
     ("--requantize", "requantize", ("auto", "none", "Q8_0", "BF16", "F16"),
      "llama.cpp runner: run a copy of the GGUF requantised once (cached beside the "
-     "converted weights): auto = for a Q4_1 file, Q8_0 (about 2x faster prefill and "
-     "batches, same batch-1 speed), or BF16 on a CPU with AVX512-BF16 (another ~1.4x "
-     "faster prefill, ~13%% slower batch 1); slightly different numerics; none = the "
-     "file as is"),
+     "converted weights): auto = Q8_0 for a Q4_1 file (about 2x faster prefill and "
+     "batches, same batch-1 speed, slightly different numerics); BF16 (CPUs with "
+     "AVX512-BF16): ~1.2-1.4x Q8_0's prefill and 32-client throughput, ~30%% slower "
+     "batch 1; none = the file as is"),
     ("--enforce-eager", "enforce_eager", bool,
      "run every step eagerly: no compiled decode step (torch.compile on CPU, built in the "
      "background while serving; CUDA graphs on CUDA, captured before SERVING)"),

@@ -244,8 +244,10 @@ class LlamaCppRunner:
         self.model = self._load(path)
         self.quantization = self._ftype()
         self.requantized_from: str | None = None
-        bf16_gemm = cpu_has_bf16_gemm(llama_cpp)
-        target = target_format(config.requantize, self.quantization, bf16_gemm)
+        target = target_format(config.requantize, self.quantization)
+        if target == "BF16" and not cpu_has_bf16_gemm(llama_cpp):
+            log.warning("--requantize BF16: this CPU (or llama.cpp build) has no AVX512-BF16;"
+                        " BF16 weights are widened to f32 and run slower than Q8_0")
         if target is not None:
             try:
                 path = str(requantize(llama_cpp, Path(path), target, self.threads))
@@ -363,9 +365,7 @@ class LlamaCppRunner:
         log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
                  "KV cache %d cells (%d blocks of %d, %.0f MiB f16) for %d sequences",
                  self.model_id, desc.value.decode(), self.quantization,
-                 f", requantised from {self.requantized_from}"
-                 + (" (--requantize auto: BF16 on a CPU with AVX512-BF16, else Q8_0)"
-                    if config.requantize == "auto" else "") if self.requantized_from
+                 f", requantised from {self.requantized_from}" if self.requantized_from
                  else "", time.perf_counter() - start, self.threads, cparams.n_ubatch,
                  " (batch invariant)" if config.batch_invariant else "", cparams.n_ctx,
                  self.num_blocks, config.block_size,

@@ -4,11 +4,11 @@ format whose batched kernels scale better, cached on disk.
 Why: llama.cpp's CPU kernels for some formats cost nearly a whole one-row step per extra
 row (Q4_1: 9 rows of one sequence 6.2x one row, on this 2-core machine), so prefill and
 many concurrent sequences are slow, while Q8_0 has GEMM kernels (9 rows 4.7x; prefill ~2x
-Q4_1) and the same batch-1 speed, and on a CPU with AVX512-BF16 a BF16 copy prefills
-another ~1.4x faster (llamafile's BF16 GEMM) at ~13% slower one-row steps
-(docs/llamacpp-runner.md#weight-format). A requantised model is a slightly different
-model (the 4-bit values re-rounded: a small error added to the file's own), so it is a
-flag, on by default only for the formats measured to lose.
+Q4_1) and the same batch-1 speed (docs/llamacpp-runner.md#weight-format). BF16, on a CPU
+with AVX512-BF16, prefills faster still but runs one row ~25-33% slower, so it is offered,
+not chosen. A requantised model is a slightly different model (the 4-bit values
+re-rounded: a small error added to the file's own), so it is a flag, on by default only
+for the formats measured to lose.
 """
 
 from __future__ import annotations
@@ -25,25 +25,22 @@ log = logging.getLogger(__name__)
 # llama_ftype values (llama.h) of the formats one may requantise to
 FTYPES = {"Q8_0": 7, "BF16": 32, "F16": 1}
 REQUANTIZE_CHOICES = ("auto", "none", *FTYPES)
-# auto: the shipped formats measured slower in batched steps, and what they become; with
-# BF16 GEMM instructions in the CPU, the BF16 entry instead
+# auto: the shipped formats measured slower than Q8_0 in batched steps, and what they become
 AUTO = {"Q4_1": "Q8_0"}
-AUTO_BF16 = {"Q4_1": "BF16"}
 
 
 def cpu_has_bf16_gemm(llama_cpp) -> bool:
     """Whether llama.cpp's CPU backend was built with and runs on AVX512-BF16 (what its
-    BF16 GEMM needs to beat Q8_0; without it BF16 is converted to f32 and slower)."""
+    BF16 GEMM needs; without it BF16 weights are widened to f32, slower than Q8_0)."""
     return b"AVX512_BF16 = 1" in (llama_cpp.llama_print_system_info() or b"")
 
 
-def target_format(choice: str, current: str, bf16_gemm: bool = False) -> str | None:
+def target_format(choice: str, current: str) -> str | None:
     """The format to requantise a ``current``-format file to, None to run it as it is."""
     if choice not in REQUANTIZE_CHOICES:
         raise ValueError(f"requantize must be one of {', '.join(REQUANTIZE_CHOICES)}; "
                          f"got {choice!r}")
-    auto = AUTO_BF16 if bf16_gemm else AUTO
-    target = auto.get(current) if choice == "auto" else None if choice == "none" else choice
+    target = AUTO.get(current) if choice == "auto" else None if choice == "none" else choice
     return None if target == current else target
 
 
@@ -63,7 +60,7 @@ def file_format(llama_cpp, gguf: Path) -> str:
 def served_gguf(llama_cpp, gguf: Path, choice: str, threads: int) -> Path:
     """The file the llama.cpp runner runs for ``gguf`` under ``--requantize choice`` (for
     a bench to run llama.cpp itself on the same weights)."""
-    target = target_format(choice, file_format(llama_cpp, gguf), cpu_has_bf16_gemm(llama_cpp))
+    target = target_format(choice, file_format(llama_cpp, gguf))
     return requantize(llama_cpp, gguf, target, threads) if target else gguf
 
 

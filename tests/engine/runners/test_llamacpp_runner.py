@@ -135,21 +135,17 @@ def test_greedy_alone_matches_llama_cpp_generate(engine, ids, reference):
     assert engine.scheduler.allocator.num_used == 0
 
 
-def test_by_default_q4_1_runs_as_a_cached_requantised_copy_in_512_token_ubatches(ids):
-    """No --batch-invariant, --requantize auto: the shipped Q4_1 runs requantised (BF16
-    where the CPU has BF16 GEMM, else Q8_0; cached on disk: a second engine reuses the
-    copy), and greedy output alone equals llama.cpp's own on that copy with the same
-    ubatch."""
+def test_by_default_q4_1_runs_as_a_cached_q8_0_copy_in_512_token_ubatches(ids):
+    """No --batch-invariant, --requantize auto: the shipped Q4_1 runs requantised to Q8_0
+    (cached on disk: a second engine reuses the copy), and greedy output alone equals
+    llama.cpp's own on that copy with the same ubatch."""
     import llama_cpp
 
-    from engine.runners.requantize import cpu_has_bf16_gemm
-
-    want_format = "BF16" if cpu_has_bf16_gemm(llama_cpp) else "Q8_0"
     default = LLMEngine(config(batch_invariant=False, requantize="auto"))
     runner = default.runner
-    assert default.info.quantization == want_format
+    assert default.info.quantization == "Q8_0"
     assert runner.requantized_from == "Q4_1"  # type: ignore[attr-defined]
-    copy = requantized_path(Path(default_model_path()).resolve(), want_format)
+    copy = requantized_path(Path(default_model_path()).resolve(), "Q8_0")
     assert runner.path == str(copy)  # type: ignore[attr-defined]
     assert llama_cpp.llama_n_ubatch(runner.ctx) == UBATCH  # type: ignore[attr-defined]
     llm = llama_cpp.Llama(str(copy), n_ctx=1024, n_threads=THREADS, flash_attn=True,

@@ -15,11 +15,9 @@ def test_auto_requantises_only_the_formats_measured_to_lose():
     assert target_format("auto", "Q4_K - Medium") is None  # not measured: as it is
 
 
-def test_auto_picks_bf16_for_q4_1_only_where_the_cpu_has_bf16_gemm():
-    assert target_format("auto", "Q4_1", bf16_gemm=True) == "BF16"
-    assert target_format("auto", "Q8_0", bf16_gemm=True) is None
-    assert target_format("Q8_0", "Q4_1", bf16_gemm=True) == "Q8_0"  # a forced choice stays
-    assert target_format("none", "Q4_1", bf16_gemm=True) is None
+def test_bf16_is_offered_not_chosen_by_auto():
+    assert target_format("BF16", "Q4_1") == "BF16"
+    assert target_format("auto", "Q4_1") == "Q8_0"  # BF16 measured slower at batch 1
 
 
 def test_none_and_the_files_own_format_run_it_as_it_is():
