@@ -367,7 +367,9 @@ class LlamaCppRunner:
                  self.model_id, desc.value.decode(), self.quantization,
                  f", requantised from {self.requantized_from}" if self.requantized_from
                  else "", time.perf_counter() - start, self.threads, cparams.n_ubatch,
-                 " (batch invariant)" if config.batch_invariant else "", cparams.n_ctx,
+                 " (batch invariant)" if config.batch_invariant
+                 else " (not batch invariant: near-ties may vary with batch mates; "
+                      "--batch-invariant)", cparams.n_ctx,
                  self.num_blocks, config.block_size,
                  self.num_blocks * bytes_per_block / 2**20, self.max_num_seqs)
 
