@@ -22,8 +22,9 @@ from specdecode.worker import speculator_for
 from tests.engine.long_prefill import prompt_of
 from tests.engine.runners.test_llamacpp_runner import PROMPTS, THREADS
 
-pytestmark = pytest.mark.skipif(not llama_cpp_available(),
-                                reason="llama-cpp-python is not installed")
+pytestmark = [pytest.mark.skipif(not llama_cpp_available(),
+                                 reason="llama-cpp-python is not installed"),
+              pytest.mark.usefixtures("torch_threads_restored")]
 
 CELL = 30 * 3 * 64 * 2 * 2  # bytes of one cell: 30 layers, 3 KV heads of 64, K and V f16
 STREAMS = 8
@@ -38,16 +39,6 @@ def config(**kw) -> EngineConfig:
                 requantize="none", enable_prefix_caching=True)
     base.update(kw)
     return EngineConfig(**base)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def torch_threads():
-    """The runner limits torch to one thread: give later test modules theirs back."""
-    import torch
-
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

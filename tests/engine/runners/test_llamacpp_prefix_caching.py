@@ -18,23 +18,14 @@ from engine.runners.select import llama_cpp_available
 from tests.engine.runners.test_llamacpp_runner import THREADS, config, greedy
 from tests.engine.test_engine import run_to_completion
 
-pytestmark = pytest.mark.skipif(not llama_cpp_available(),
-                                reason="llama-cpp-python is not installed")
+pytestmark = [pytest.mark.skipif(not llama_cpp_available(),
+                                 reason="llama-cpp-python is not installed"),
+              pytest.mark.usefixtures("torch_threads_restored")]
 
 SYSTEM = ("You are a careful assistant for a hardware shop. Answer briefly, name the aisle "
           "of every product, and say so when you do not know. ")
 QUESTIONS = ["Where are the hammers?", "Do you sell blue paint?", "When do you open?"]
 NEW = 16
-
-
-@pytest.fixture(scope="module", autouse=True)
-def torch_threads():
-    """The runner limits torch to one thread: give later test modules theirs back."""
-    import torch
-
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

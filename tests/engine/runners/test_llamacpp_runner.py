@@ -32,8 +32,9 @@ from tests.engine.long_prefill import (
 from tests.engine.test_engine import run_to_completion
 from tests.engine.test_processors import RaiseFactory
 
-pytestmark = pytest.mark.skipif(not llama_cpp_available(),
-                                reason="llama-cpp-python is not installed")
+pytestmark = [pytest.mark.skipif(not llama_cpp_available(),
+                                 reason="llama-cpp-python is not installed"),
+              pytest.mark.usefixtures("torch_threads_restored")]
 
 PROMPTS = [
     "The capital of France is",
@@ -60,16 +61,6 @@ def config(**kw) -> EngineConfig:
 
 def greedy(n: int = MAX_NEW) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, ignore_eos=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def torch_threads():
-    """The runner limits torch to one thread: give later test modules theirs back."""
-    import torch
-
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
