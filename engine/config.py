@@ -42,6 +42,10 @@ class EngineConfig:
     # Prompts with more than the threshold left to prefill that may prefill at once; the
     # rest wait, and shorter prompts queued behind them are admitted meanwhile.
     max_long_partial_prefills: int = 1
+    # llama.cpp runner: prompts of at least this many tokens (to prefill from scratch) are
+    # prefilled by the torch model in bf16 and their KV handed to llama.cpp, on a CPU with
+    # AVX512-BF16 (engine/runners/llamacpp_handoff.py); 0 = llama.cpp prefills everything.
+    torch_prefill_tokens: int = 512
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     block_size: int = 16  # tokens per KV block
     # Automatic prefix caching: full KV blocks found again by later prompts (torch runner)

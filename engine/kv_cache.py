@@ -57,6 +57,12 @@ class BlockKeeper(Protocol):
         """The allocator dropped ``block``'s content: its KV may go."""
         ...
 
+    def kv_pending(self, seq_id: int) -> bool:
+        """Whether sequence ``seq_id``'s computed tokens are not in the runner's cache yet
+        (a prompt prefilled elsewhere, handed over at its end): none of its blocks can be
+        kept until then."""
+        ...
+
 
 @dataclass
 class PrefixCacheStats:

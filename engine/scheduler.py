@@ -135,6 +135,8 @@ class Scheduler:
         """Make ``seq``'s full blocks of computed tokens findable by later prompts."""
         if not self.allocator.caching:
             return
+        if self.keeper is not None and self.keeper.kv_pending(seq.seq_id):
+            return  # retried after the runner has the KV (num_cached_blocks unchanged)
         full = min(seq.num_computed_tokens, seq.num_tokens, len(seq.block_table) *
                    self.block_size) // self.block_size
         if full <= seq.num_cached_blocks:

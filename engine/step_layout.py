@@ -87,7 +87,8 @@ class StepLayout:
             else:
                 work = PrefillWork(seq.tokens(start, start + s.num_tokens), start,
                                    seq.block_table, s.samples, seq_id=seq.seq_id,
-                                   adapter_slot=seq.request.adapter_slot)
+                                   adapter_slot=seq.request.adapter_slot,
+                                   seq_len=seq.num_tokens)
                 positions = _prompt_positions(seq, start, start + s.num_tokens)
                 if positions:
                     work.prompt_rows = range(positions.start - start, positions.stop - start)

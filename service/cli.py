@@ -113,6 +113,10 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "batches, same batch-1 speed, slightly different numerics); BF16 (CPUs with "
      "AVX512-BF16): ~1.2-1.4x Q8_0's prefill and 32-client throughput, ~30%% slower "
      "batch 1; none = the file as is"),
+    ("--torch-prefill-tokens", "torch_prefill_tokens", non_negative_int,
+     "llama.cpp runner: prompts of at least this many tokens are prefilled by the torch "
+     "model in bf16 and their KV handed to llama.cpp (CPUs with AVX512-BF16; checked at "
+     "start, off with the reason logged where it cannot be used); 0 = off (default 512)"),
     ("--enforce-eager", "enforce_eager", bool,
      "run every step eagerly: no compiled decode step (torch.compile on CPU, built in the "
      "background while serving; CUDA graphs on CUDA, captured before SERVING)"),

@@ -54,6 +54,9 @@ class PrefillWork:
     prompt_rows: range = range(0)
     seq_id: int = -1  # the engine's sequence (runners that keep state per sequence)
     adapter_slot: int = 0  # the LoRA adapter slot the chunk runs with (0 = the base model)
+    # Tokens of the whole sequence being prefilled (its prompt; with its output when
+    # recomputed after preemption); 0 = not said (a runner then treats the chunk alone)
+    seq_len: int = 0
 
 
 @dataclass

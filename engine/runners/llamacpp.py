@@ -56,6 +56,7 @@ from engine.loading.model_loader import (
     resolve_model,
     use_chat_template,
 )
+from engine.runners import llamacpp_handoff
 from engine.runners.base import (
     DEFAULT_MAX_MODEL_LEN,
     DecodeRow,
@@ -327,9 +328,12 @@ class LlamaCppRunner:
         self._free_slots = list(range(self.max_num_seqs))
         self._cached = [0] * self.max_num_seqs  # positions each llama.cpp seq caches
         self.supports_prefix_caching = caching
+        self.handoff: llamacpp_handoff.TorchPrefill | None = None
         self._kept = CellKeeper(
             llama_cpp, self.memory, config.block_size,
-            range(config.max_num_seqs, n_seq_max), self._slot_of.get) if caching else None
+            range(config.max_num_seqs, n_seq_max), self._slot_of.get,
+            pending=lambda seq_id: self.handoff is not None and seq_id in self.handoff) \
+            if caching else None
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
             log.info("batch invariant: one KV stream per sequence, %d streams of %d cells "
@@ -360,6 +364,9 @@ class LlamaCppRunner:
         if config.chat_template:
             use_chat_template(self.tokenizer, config.chat_template)
         self._config_eos = _config_eos_ids(source)
+        # Long prompts prefilled by torch, their KV handed over (llamacpp_handoff.py)
+        self.handoff = llamacpp_handoff.start(self, source, config.torch_prefill_tokens)
+        self.handoff_min_tokens = config.torch_prefill_tokens
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
         log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
@@ -552,6 +559,8 @@ class LlamaCppRunner:
     # ---- sequences ------------------------------------------------------------------
 
     def release(self, seq_id: int) -> None:
+        if self.handoff is not None:
+            self.handoff.drop(seq_id)
         slot = self._slot_of.pop(seq_id, None)
         if slot is None:
             return
@@ -602,8 +611,15 @@ class LlamaCppRunner:
             tokens.append(r.token_id)
             positions.append(r.position)
             slots.append(slot)
+        handed: list[tuple[int, torch.Tensor]] = []  # (contract row, logits) from torch
         for work in prefills:
             n = len(work.token_ids)
+            if self._torch_prefills(work):
+                got = self._torch_prefill(work)
+                if got is not None:
+                    handed.extend((len(rows) + i, row) for i, row in enumerate(got))
+                    rows.extend([-1] * len(got))
+                continue
             start = len(tokens)
             slot = self._slot(work.seq_id, work.start_pos, work.block_table)
             tokens.extend(work.token_ids)
@@ -614,12 +630,53 @@ class LlamaCppRunner:
             extra.extend(start + i for i in work.prompt_rows)
         rows.extend(extra)
         if not tokens:
-            return torch.empty(0, self.vocab_size)
-        adapter = {r.adapter_slot for r in decodes} | {w.adapter_slot for w in prefills}
-        if len(adapter) > 1:  # the scheduler groups steps by adapter for this runner
-            raise RuntimeError(f"one llama.cpp step cannot run adapter slots {sorted(adapter)}")
-        self.adapters.activate(adapter.pop())
-        return self._decode(tokens, positions, slots, rows)
+            out = torch.empty(len(rows), self.vocab_size)
+        else:
+            adapter = {r.adapter_slot for r in decodes} | {w.adapter_slot for w in prefills}
+            if len(adapter) > 1:  # the scheduler groups steps by adapter for this runner
+                raise RuntimeError(f"one llama.cpp step cannot run adapter slots "
+                                   f"{sorted(adapter)}")
+            self.adapters.activate(adapter.pop())
+            if not handed:
+                return self._decode(tokens, positions, slots, rows)
+            ours = [r for r in rows if r >= 0]
+            out = torch.empty(len(rows), self.vocab_size)
+            if ours:
+                mine = torch.tensor([i for i, r in enumerate(rows) if r >= 0])
+                out[mine] = self._decode(tokens, positions, slots, ours)
+            else:
+                self._decode(tokens, positions, slots, [len(tokens) - 1])
+        for i, row in handed:
+            out[i] = row
+        return out
+
+    def _torch_prefills(self, work: PrefillWork) -> bool:
+        """Whether this chunk goes through the torch model: a sequence already started
+        there, or a long prompt prefilled from scratch, on the base model, with no
+        prompt logprobs (those stay llama.cpp's own)."""
+        h = self.handoff
+        if h is None:
+            return False
+        if work.seq_id in h:
+            return True
+        return (work.start_pos == 0 and work.seq_len >= self.handoff_min_tokens
+                and work.adapter_slot == 0 and not work.prompt_rows)
+
+    def _torch_prefill(self, work: PrefillWork) -> torch.Tensor | None:
+        """One chunk in torch; on the last one, the KV handed to the sequence's llama.cpp
+        cells and the sampled rows' logits returned."""
+        assert self.handoff is not None
+        slot = self._slot(work.seq_id, 0, work.block_table) if work.start_pos == 0 \
+            else self._slot_of[work.seq_id]
+        got = self.handoff.run(work.seq_id, work.token_ids, work.start_pos,
+                               work.num_logits if work.sample else 0)
+        if not work.sample:
+            return None
+        self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
+        llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, slot,
+                                       self.handoff.state(work.seq_id))
+        self._cached[slot] = work.start_pos + len(work.token_ids)
+        return got
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int],
                 rows: list[int]) -> torch.Tensor:

@@ -44,15 +44,18 @@ class CellKeeper:
 
     def __init__(self, llama_cpp: Any, memory: Any, block_size: int, keepers: range,
                  slot_of: Callable[[int], int | None],
-                 max_idle_cells: int = MAX_IDLE_CELLS) -> None:
+                 max_idle_cells: int = MAX_IDLE_CELLS,
+                 pending: Callable[[int], bool] = lambda seq_id: False) -> None:
         """``keepers``: the llama.cpp sequence ids reserved for cached cells (beyond the
-        running sequences'); ``slot_of``: the llama.cpp sequence id of an engine sequence."""
+        running sequences'); ``slot_of``: the llama.cpp sequence id of an engine sequence;
+        ``pending``: whether a sequence's KV is still being computed outside llama.cpp."""
         self.max_idle_blocks = max(1, max_idle_cells // block_size)
         self.lib = llama_cpp
         self.memory = memory
         self.block_size = block_size
         self.keepers = keepers
         self.slot_of = slot_of
+        self.kv_pending = pending
         self._where: dict[int, tuple[int, int]] = {}  # block -> (keeper, index)
         self._used_at: dict[int, set[int]] = {}  # index -> keepers holding a block there
 

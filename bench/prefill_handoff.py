@@ -1,0 +1,175 @@
+"""Measures a route to the default runner's time-to-first-token target (issue 28), not
+wired into the server: prefill a long prompt with the torch model, hand its KV to
+llama.cpp (``llama_state_seq_set_data``), and decode there.
+
+Why: on this CPU llama.cpp's prefill of a 3,000-token prompt is no faster than HF
+``generate`` fp32 (its flash-attention CPU kernel dominates at that length), while torch
+in bf16 (oneDNN's AVX512-BF16 GEMMs and SDPA's flash kernel) prefills it at ~0.7x HF.
+llama.cpp decodes a single sequence ~6x faster than torch, so the pair would keep both.
+
+It prints, for one prompt per length: llama.cpp's own prefill, the torch prefill (fp32 and
+bf16), HF ``generate``'s first token, the hand-off's cost, and how many greedy tokens
+llama.cpp decodes from the handed-over KV equal to those it decodes from its own prefill.
+
+The sequence-state layout it writes is llama.cpp's own (src/llama-kv-cache.cpp,
+``state_write``): the header llama.cpp itself writes (copied from a one-token state,
+not hard-coded), one stream, each cell's position and sequence id, then per layer the K
+rows and then per layer the V rows (flash attention: V not transposed), f16. K is
+written in llama.cpp's rotary layout: its GGUF conversion permutes each head's q/k rows
+from HF's halves ``[x0..x31, y0..y31]`` to pairs ``[x0, y0, x1, y1, ...]``.
+
+``python -m bench.prefill_handoff [--lengths 1024 3000] [--check-tokens 48]`` (default
+model only: a Llama; ~2 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import struct
+import time
+
+import numpy as np
+import torch
+
+from bench.default_server import hf_ttft, long_prompt
+from bench.llamacpp import gguf_path
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
+
+F16 = 1  # GGML_TYPE_F16
+
+
+class LlamaSeq:
+    """One llama.cpp context holding one sequence (id 0), greedy decoding."""
+
+    def __init__(self, path: str, n_ctx: int, threads: int) -> None:
+        self.lib = lib = llama_lib()
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = lib.llama_model_load_from_file(path.encode(), mp)
+        cp = lib.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.kv_unified = n_ctx, 512, 512, 1, True
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.flash_attn_type = 1  # as the runner
+        self.ctx = lib.llama_init_from_model(self.model, cp)
+        self.memory = lib.llama_get_memory(self.ctx)
+        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
+        self.arrays = BatchArrays.allocate(512)
+
+    def clear(self) -> None:
+        self.lib.llama_memory_clear(self.memory, True)
+
+    def decode(self, tokens: list[int], pos0: int) -> np.ndarray:
+        """Last row's logits after ``tokens`` at positions ``pos0..``."""
+        a, n = self.arrays, len(tokens)
+        a.token[:n], a.pos[:n], a.seq_id[:n] = tokens, range(pos0, pos0 + n), 0
+        a.logits[:n] = 0
+        a.logits[n - 1] = 1
+        assert self.lib.llama_decode(self.ctx, a.batch(self.lib, 0, n)) == 0
+        return np.ctypeslib.as_array(self.lib.llama_get_logits_ith(self.ctx, -1),
+                                     shape=(self.n_vocab,)).copy()
+
+    def prefill(self, ids: list[int]) -> np.ndarray:
+        self.clear()
+        for s in range(0, len(ids), 512):
+            logits = self.decode(ids[s:s + 512], s)
+        return logits
+
+    def greedy(self, first: np.ndarray, pos0: int, n: int) -> list[int]:
+        out = [int(first.argmax())]
+        while len(out) < n:
+            out.append(int(self.decode([out[-1]], pos0 + len(out) - 1).argmax()))
+        return out
+
+    def state(self) -> bytes:
+        size = self.lib.llama_state_seq_get_size(self.ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        assert self.lib.llama_state_seq_get_data(self.ctx, buf, size, 0) == size
+        return bytes(buf)
+
+    def set_state(self, data: bytes) -> None:
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        assert self.lib.llama_state_seq_set_data(self.ctx, buf, len(data), 0) == len(data)
+
+    def header(self) -> bytes:
+        """The bytes llama.cpp writes before the stream count (magic and version): a
+        one-token state's first 8 bytes, followed by stream count 1 and cell count 1."""
+        self.prefill([1])
+        data = self.state()
+        assert struct.unpack_from("<II", data, 8) == (1, 1), data[:16].hex()
+        return data[:8]
+
+
+def seq_state(header: bytes, past, heads: int) -> bytes:
+    """llama.cpp's state of one sequence (id 0, positions 0..n-1) from an HF cache."""
+    layers = past.layers
+    n = layers[0].keys.shape[2]
+    meta = np.zeros((n, 3), dtype=np.int32)
+    meta[:, 0] = np.arange(n)  # position, then n_seq_id 1, then the seq id 0
+    meta[:, 1] = 1
+    parts = [header, struct.pack("<II", 1, n), meta.tobytes(), struct.pack("<II", 0, len(layers))]
+    ks, vs = [], []
+    for layer in layers:
+        k, v = layer.keys[0].transpose(0, 1), layer.values[0].transpose(0, 1)  # [n, kv, d]
+        d = k.shape[-1]
+        k = k.reshape(n, heads, 2, d // 2).transpose(-1, -2)  # HF halves -> llama.cpp pairs
+        ks.append(k.reshape(n, -1).float().half().numpy().tobytes())
+        vs.append(v.reshape(n, -1).float().half().numpy().tobytes())
+    for rows in (ks, vs):
+        for r in rows:
+            parts += [struct.pack("<iQ", F16, len(r) // n), r]
+    return b"".join(parts)
+
+
+def torch_prefill(engine: LLMEngine, ids: list[int]):
+    model = engine.runner.model  # type: ignore[attr-defined]
+    model.set_attn_implementation("sdpa")  # plain HF forward with its own cache
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model(torch.tensor([ids]), use_cache=True, logits_to_keep=1)
+        return out, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 3000])
+    ap.add_argument("--check-tokens", type=int, default=48)
+    args = ap.parse_args(argv)
+    threads = default_threads()
+    torch.set_num_threads(threads)
+    engines = {dt: LLMEngine(EngineConfig(model="default", runner="torch", dtype=dt,
+                                          kv_cache_memory=64 << 20))
+               for dt in ("float32", "bfloat16")}
+    fp32 = engines["float32"]
+    config = fp32.runner.model.config  # type: ignore[attr-defined]
+    assert config.model_type == "llama", "the rotary permutation here is Llama's"
+    kv_heads = config.num_key_value_heads
+    llm = LlamaSeq(gguf_path("default"), max(args.lengths) + args.check_tokens + 16, threads)
+    header = llm.header()
+    for n in args.lengths:
+        ids = long_prompt(fp32.tokenizer, n, n)
+        t0 = time.perf_counter()
+        own_first = llm.prefill(ids)
+        own_s = time.perf_counter() - t0
+        own = llm.greedy(own_first, n, args.check_tokens)
+        hf_s = hf_ttft(fp32, ids)
+        print(f"{n} tokens: llama.cpp prefill {own_s:.2f} s, HF generate first token "
+              f"{hf_s:.2f} s")
+        for dt, engine in engines.items():
+            out, torch_s = torch_prefill(engine, ids)
+            t0 = time.perf_counter()
+            llm.clear()
+            llm.set_state(seq_state(header, out.past_key_values, kv_heads))
+            hand_s = time.perf_counter() - t0
+            got = llm.greedy(out.logits[0, -1].float().numpy(), n, args.check_tokens)
+            same = next((i for i, (a, b) in enumerate(zip(own, got, strict=True)) if a != b),
+                        len(own))
+            print(f"  torch {dt} prefill {torch_s:.2f} s ({torch_s / hf_s:.2f}x HF), "
+                  f"hand-off {hand_s * 1000:.0f} ms; llama.cpp's greedy from it: first "
+                  f"{same}/{len(own)} tokens equal to its own")
+
+
+if __name__ == "__main__":
+    main()

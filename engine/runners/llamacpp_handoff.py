@@ -1,0 +1,210 @@
+"""Long prompts on the llama.cpp runner prefilled by the torch model in bf16, their KV
+handed to llama.cpp, which decodes them (``--torch-prefill-tokens``).
+
+Why: on a CPU with AVX512-BF16, torch in bf16 (oneDNN's BF16 GEMMs, SDPA's flash kernel)
+prefills a long prompt in ~0.6-0.75x the time of HF ``generate`` fp32, while llama.cpp's
+own prefill is no faster than HF there (its flash-attention CPU kernel dominates at
+thousands of tokens); llama.cpp decodes a single sequence ~6x faster than torch. Measured
+2026-11-26 on the default model (``python -m bench.prefill_handoff``): 1,024 tokens torch
+bf16 1.07-1.16 s vs HF 1.75-1.99 s, 3,000 tokens 4.5-4.9 s vs 7.4 s; the KV handed over
+(~45 ms / ~130 ms) gave llama.cpp's greedy decoding 48 of 48 tokens equal to its own
+prefill's at both lengths.
+
+How: the prompt still arrives in the scheduler's chunks (so short requests keep being
+admitted beside it); each chunk runs through the torch model with the sequence's HF cache;
+the last chunk's logits are sampled from torch's output, and the whole KV is written into
+the sequence's llama.cpp cells with ``llama_state_seq_set_data`` in llama.cpp's own
+sequence-state layout (src/llama-kv-cache.cpp ``state_write``): the header llama.cpp writes
+(taken from a state it wrote, not hard-coded), one stream, each cell's position and
+sequence id, per layer the K rows, per layer the V rows (not transposed: flash attention),
+f16. For a model with llama.cpp's "normal" rotary layout (Llama's GGUF conversion permutes
+q/k rows from HF's halves to pairs) K is written in pairs.
+
+What guards it: at load a probe prefills a prompt both ways and compares the next step's
+logits (same top token, KL < 0.05) and the state's size; anything else (no AVX512-BF16,
+a model transformers cannot load from the file, a probe that disagrees) leaves the runner
+prefilling everything itself, with the reason logged. Until a sequence's KV is handed
+over, its blocks are not cached for prefix caching (``kv_pending``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+F16 = 1  # GGML_TYPE_F16
+PROBE_TOKENS = 64
+PROBE_MAX_KL = 0.05
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch at ``n`` threads for a prefill (the runner keeps it at 1 for sampling)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class TorchPrefill:
+    """The torch side: a bf16 copy of the model and one HF cache per sequence in flight."""
+
+    def __init__(self, model: Any, threads: int, rope_pairs: bool) -> None:
+        self.model = model
+        self.threads = threads
+        self.rope_pairs = rope_pairs
+        self.kv_heads = model.config.num_key_value_heads
+        self.header = b""  # llama.cpp's state header, set by the probe
+        self._caches: dict[int, Any] = {}
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self._caches
+
+    def run(self, seq_id: int, token_ids: list[int], start_pos: int,
+            num_logits: int) -> torch.Tensor | None:
+        """One chunk of ``seq_id``'s prompt; the last ``num_logits`` rows' logits (fp32)
+        when ``num_logits``, else None."""
+        from transformers import DynamicCache
+
+        if start_pos == 0:
+            self._caches[seq_id] = DynamicCache()
+        cache = self._caches[seq_id]
+        assert cache.get_seq_length() == start_pos, (cache.get_seq_length(), start_pos)
+        with torch.inference_mode(), torch_threads(self.threads):
+            ids = torch.tensor([token_ids])
+            hidden = self.model.model(input_ids=ids, cache=cache,
+                                      use_cache=True).last_hidden_state
+            if not num_logits:
+                return None
+            logits = self.model.lm_head(hidden[0, -num_logits:])
+        return logits.float()
+
+    def state(self, seq_id: int) -> bytes:
+        """``seq_id``'s KV in llama.cpp's sequence-state layout (sequence 0, positions from
+        0), its HF cache dropped."""
+        layers = self._caches.pop(seq_id).layers
+        n = layers[0].keys.shape[2]
+        meta = np.zeros((n, 3), dtype=np.int32)  # position, n_seq_id 1, seq id 0
+        meta[:, 0] = np.arange(n)
+        meta[:, 1] = 1
+        parts = [self.header, struct.pack("<II", 1, n), meta.tobytes(),
+                 struct.pack("<II", 0, len(layers))]
+        ks, vs = [], []
+        for layer in layers:
+            k = layer.keys[0].transpose(0, 1)  # [n, kv heads, head dim]
+            if self.rope_pairs:  # HF's halves -> llama.cpp's pairs, per head
+                d = k.shape[-1]
+                k = k.reshape(n, self.kv_heads, 2, d // 2).transpose(-1, -2)
+            ks.append(k.reshape(n, -1).to(torch.float16).numpy().tobytes())
+            vs.append(layer.values[0].transpose(0, 1).reshape(n, -1)
+                      .to(torch.float16).numpy().tobytes())
+        for rows in (ks, vs):
+            for r in rows:
+                parts += [struct.pack("<iQ", F16, len(r) // n), r]
+        return b"".join(parts)
+
+    def drop(self, seq_id: int) -> None:
+        self._caches.pop(seq_id, None)
+
+
+def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: bytes) -> None:
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    if llama_cpp.llama_state_seq_set_data(ctx, buf, len(data), slot) != len(data):
+        raise RuntimeError(f"llama.cpp did not take a handed-over KV of {len(data)} bytes")
+
+
+def get_seq_state(llama_cpp: Any, ctx: Any, slot: int) -> bytes:
+    size = llama_cpp.llama_state_seq_get_size(ctx, slot)
+    buf = (ctypes.c_uint8 * size)()
+    if llama_cpp.llama_state_seq_get_data(ctx, buf, size, slot) != size:
+        raise RuntimeError("llama.cpp did not write a sequence state")
+    return bytes(buf)
+
+
+def load_torch_prefill(source: Any, threads: int, rope_pairs: bool) -> TorchPrefill:
+    """The model from the weights cache in bf16 with SDPA attention (raises what loading
+    raises)."""
+    from engine.loading.model_loader import load_model
+
+    model = load_model(source, torch.bfloat16, torch.device("cpu"), "sdpa")
+    if not hasattr(model, "model") or not hasattr(model, "lm_head"):
+        raise ValueError(f"{type(model).__name__} has no .model / .lm_head")
+    return TorchPrefill(model, threads, rope_pairs)
+
+
+def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | None:
+    """Prefill ``token_ids`` with llama.cpp and with torch (handed over), decode one more
+    token from each, and compare: None when they agree, else what differs. Also takes
+    llama.cpp's state header. Uses llama.cpp sequence 0 of a fresh context."""
+    lc, ctx, memory = runner.llama_cpp, runner.ctx, runner.memory
+    n = len(token_ids)
+    nxt = token_ids[0]
+    try:
+        own = runner._decode(list(token_ids) + [nxt], list(range(n + 1)), [0] * (n + 1),
+                             [n]).clone()
+        lc.llama_memory_seq_rm(memory, 0, n, -1)
+        data = get_seq_state(lc, ctx, 0)
+        if struct.unpack_from("<II", data, 8) != (1, n):
+            return f"llama.cpp's sequence state starts {data[:16].hex()}, not as expected"
+        prefill.header = data[:8]
+        prefill.run(-1, token_ids, 0, 1)
+        ours = prefill.state(-1)
+        if len(ours) != len(data):
+            return f"a state of {len(ours)} bytes where llama.cpp writes {len(data)}"
+        lc.llama_memory_seq_rm(memory, 0, -1, -1)
+        set_seq_state(lc, ctx, 0, ours)
+        got = runner._decode([nxt], [n], [0], [0]).clone()
+    finally:
+        prefill.drop(-1)
+        lc.llama_memory_seq_rm(memory, 0, -1, -1)
+        runner._cached[0] = 0
+    p, q = own[0].log_softmax(-1), got[0].log_softmax(-1)
+    kl = float((p.exp() * (p - q)).sum())
+    if int(own[0].argmax()) != int(got[0].argmax()) or kl > PROBE_MAX_KL:
+        return (f"the next token's logits after a handed-over prefill differ from llama.cpp's "
+                f"own (KL {kl:.3f}, top {int(got[0].argmax())} vs {int(own[0].argmax())})")
+    return None
+
+
+def start(runner: Any, source: Any, min_tokens: int) -> TorchPrefill | None:
+    """The runner's torch prefill, or None (logged why) when it cannot be used."""
+    from engine.runners.requantize import cpu_has_bf16_gemm
+
+    if min_tokens <= 0:
+        return None
+    lc = runner.llama_cpp
+    why = None
+    if runner.config.batch_invariant:
+        why = "not under --batch-invariant (llama.cpp's own prefill is the invariant one)"
+    elif not cpu_has_bf16_gemm(lc):
+        why = "this CPU has no AVX512-BF16 (bf16 torch would be no faster)"
+    elif not torch.backends.mkldnn.is_available():
+        why = "torch has no oneDNN here"
+    if why is None:
+        t0 = time.perf_counter()
+        rope_pairs = lc.llama_model_rope_type(runner.model) == lc.LLAMA_ROPE_TYPE_NORM
+        try:
+            prefill = load_torch_prefill(source, runner.threads, rope_pairs)
+            text = runner.tokenize("The river carries sand and stones down to the sea. " * 8)
+            why = probe(prefill, runner, text[:PROBE_TOKENS])
+        except (ValueError, OSError, RuntimeError, KeyError, AttributeError) as e:
+            why = f"the torch model could not be used ({type(e).__name__}: {e})"
+        if why is None:
+            log.info("llama.cpp runner: prompts of %d+ tokens prefill in torch bf16 and hand "
+                     "their KV to llama.cpp (--torch-prefill-tokens; loaded and checked in "
+                     "%.1fs)", min_tokens, time.perf_counter() - t0)
+            return prefill
+    log.info("llama.cpp runner: --torch-prefill-tokens off: %s", why)
+    return None
