@@ -1,0 +1,137 @@
+"""The llama.cpp runner's torch prefill (``--torch-prefill-tokens``) on the real default
+GGUF: a long prompt prefilled by torch in bf16 and handed to llama.cpp decodes the same
+greedy tokens as llama.cpp's own prefill, beside a short request decoding in the same
+steps; its blocks are cached once handed over (a later prompt hits them, same output);
+an abort mid-prefill leaves nothing behind; a hand-over in the wrong K layout is caught
+by the start-up probe. Needs a CPU with AVX512-BF16 (the feature is off elsewhere)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.runners import llamacpp_handoff
+from engine.runners.select import llama_cpp_available
+from engine.sampling_params import SamplingParams
+from tests.engine.long_prefill import prompt_of
+from tests.engine.test_engine import run_to_completion
+
+
+def _bf16_cpu() -> bool:
+    if not llama_cpp_available():
+        return False
+    from engine.runners.llamacpp import llama_lib
+    from engine.runners.requantize import cpu_has_bf16_gemm
+
+    return cpu_has_bf16_gemm(llama_lib())
+
+
+pytestmark = [pytest.mark.skipif(not _bf16_cpu(),
+                                 reason="needs llama-cpp-python on a CPU with AVX512-BF16"),
+              pytest.mark.usefixtures("torch_threads_restored")]
+
+LONG = 600  # tokens: over the 512 default, five 128-token chunks
+MAX_NEW = 24
+
+
+def config(**kw) -> EngineConfig:
+    base = dict(model="default", runner="llamacpp", max_model_len=2048,
+                kv_cache_memory=256 << 20, max_num_seqs=8, threads=2)
+    base.update(kw)
+    return EngineConfig(**base)  # type: ignore[arg-type]
+
+
+def greedy(n: int = MAX_NEW) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    return LLMEngine(config())
+
+
+@pytest.fixture(scope="module")
+def own() -> LLMEngine:
+    return LLMEngine(config(torch_prefill_tokens=0))
+
+
+@pytest.fixture(scope="module")
+def long_ids(engine) -> list[int]:
+    return prompt_of(engine.tokenizer, LONG)
+
+
+@pytest.fixture
+def handovers(engine, monkeypatch) -> list[int]:
+    """Bytes of each KV handed to llama.cpp in the test."""
+    sizes: list[int] = []
+    real = llamacpp_handoff.set_seq_state
+
+    def counted(lc, ctx, slot, data):
+        sizes.append(len(data))
+        real(lc, ctx, slot, data)
+
+    monkeypatch.setattr(llamacpp_handoff, "set_seq_state", counted)
+    return sizes
+
+
+def test_a_handed_over_prompt_decodes_as_llama_cpps_own_prefill_beside_a_short_one(
+        engine, own, long_ids, handovers):
+    assert engine.runner.handoff is not None and own.runner.handoff is None
+    short = engine.tokenizer("The capital of France is")["input_ids"]
+    arrivals = {0: [("short", short, greedy(40))], 2: [("long", long_ids, greedy())]}
+    got = run_to_completion(engine, arrivals)
+    ref = run_to_completion(own, arrivals)
+    assert len(handovers) == 1  # the long prompt's, not the short one's
+    assert got["long"][0].token_ids == ref["long"][0].token_ids
+    assert got["short"][0].token_ids == ref["short"][0].token_ids
+    assert engine.scheduler.allocator.num_used == 0
+
+
+def test_blocks_are_cached_once_handed_over_and_a_later_prompt_hits_them(engine, own,
+                                                                        handovers):
+    ids = prompt_of(engine.tokenizer, LONG, "Rivers carry sand and stones from the hills. ")
+    engine.add_request("first", ids, greedy(4))
+    pending_seen = []
+    while engine.has_work:
+        seqs = list(engine.scheduler.running)
+        pending_seen += [engine.runner.block_keeper.kv_pending(s.seq_id) for s in seqs]
+        engine.step()
+    assert any(pending_seen) and len(handovers) == 1
+    tail = prompt_of(engine.tokenizer, 30, "Now a question about all of that, asked in some more words? ")
+    prompt = ids[:-40] + tail  # shares the first's blocks up to 560 tokens
+    engine.add_request("second", prompt, greedy())
+    usage, tokens = None, []
+    while engine.has_work:
+        for out in engine.step():
+            tokens += [t for d in out.deltas for t in d.token_ids]
+            usage = out.usage if out.finished else usage
+    assert usage is not None and usage.cached_prompt_tokens >= 512
+    assert len(handovers) == 1  # the hit prefilled only its tail, in llama.cpp
+    ref = run_to_completion(own, {0: [("r", prompt, greedy())]})["r"][0].token_ids
+    assert tokens == ref
+
+
+def test_an_abort_mid_prefill_leaves_no_torch_cache_and_no_blocks(engine, handovers):
+    ids = prompt_of(engine.tokenizer, LONG, "Bees visit flowers all day in the warm sun. ")
+    engine.add_request("gone", ids, greedy())  # a prompt no earlier test cached
+    engine.step()
+    engine.step()
+    seq = next(iter(engine.scheduler.running))
+    assert seq.seq_id in engine.runner.handoff
+    engine.abort("gone")
+    while engine.has_work:
+        engine.step()
+    assert seq.seq_id not in engine.runner.handoff and not handovers
+    assert engine.scheduler.allocator.num_used == 0
+
+
+def test_the_start_up_probe_refuses_a_hand_over_in_the_wrong_k_layout(engine):
+    prefill = engine.runner.handoff
+    wrong = llamacpp_handoff.TorchPrefill(prefill.model, prefill.threads,
+                                          not prefill.rope_pairs)
+    text = engine.runner.tokenize("The river carries sand and stones to the sea. " * 8)
+    why = llamacpp_handoff.probe(wrong, engine.runner, text[:llamacpp_handoff.PROBE_TOKENS])
+    assert why is not None and "differ from llama.cpp's own" in why
+    assert llamacpp_handoff.probe(prefill, engine.runner,
+                                  text[:llamacpp_handoff.PROBE_TOKENS]) is None
