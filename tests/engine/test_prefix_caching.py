@@ -244,6 +244,9 @@ class RecordingKeeper:
     def evict(self, block: int) -> None:
         self.evicted.append(block)
 
+    def kv_pending(self, seq_id: int) -> bool:
+        return False
+
 
 def test_a_runners_keeper_hears_of_cached_and_evicted_blocks_and_one_it_refuses_stays_private():
     keeper = RecordingKeeper(refuse={1})

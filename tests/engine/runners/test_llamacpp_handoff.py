@@ -98,7 +98,8 @@ def test_blocks_are_cached_once_handed_over_and_a_later_prompt_hits_them(engine,
         pending_seen += [engine.runner.block_keeper.kv_pending(s.seq_id) for s in seqs]
         engine.step()
     assert any(pending_seen) and len(handovers) == 1
-    tail = prompt_of(engine.tokenizer, 30, "Now a question about all of that, asked in some more words? ")
+    tail = prompt_of(engine.tokenizer, 30,
+                     "Now a question about all of that, asked in some more words? ")
     prompt = ids[:-40] + tail  # shares the first's blocks up to 560 tokens
     engine.add_request("second", prompt, greedy())
     usage, tokens = None, []
