@@ -37,7 +37,9 @@ class EngineConfig:
     # prompt's first token came as soon as with 256 or 512, within noise, on its default
     # Q8_0 copy in 512-token ubatches; 63-token ubatches with --batch-invariant), 256
     # on the torch runner on CPU (~0.5 s; 128 cost ~25% prefill throughput there, 256
-    # ~10%), 0 on CUDA (a 512-token step takes milliseconds).
+    # ~10%) and on llama.cpp when long prompts prefill in torch (--torch-prefill-tokens:
+    # 3,000 tokens in 128-token chunks took 6.9-7.1 s, in 256 5.8-6.5, whole 5.0-6.0),
+    # 0 on CUDA (a 512-token step takes milliseconds).
     long_prefill_token_threshold: int | None = None
     # Prompts with more than the threshold left to prefill that may prefill at once; the
     # rest wait, and shorter prompts queued behind them are admitted meanwhile.

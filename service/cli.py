@@ -76,7 +76,8 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--long-prefill-token-threshold", "long_prefill_token_threshold", non_negative_int,
      "most tokens one prompt's prefill gets in a step, so short requests are admitted and "
      "decoded while a long prompt prefills (0 = the whole step budget; default: 128 on "
-     "the llama.cpp runner, 256 on the torch runner on CPU, 0 on CUDA)"),
+     "the llama.cpp runner, 256 where its long prompts prefill in torch and on the torch "
+     "runner on CPU, 0 on CUDA)"),
     ("--max-long-partial-prefills", "max_long_partial_prefills", positive_int,
      "prompts longer than --long-prefill-token-threshold prefilling at once; shorter "
      "prompts queued behind the others go first"),
