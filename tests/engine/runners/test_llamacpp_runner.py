@@ -333,8 +333,9 @@ def test_seeded_sampling_is_the_same_alone_among_mates_and_with_speculation(engi
 
 
 # No head-of-line blocking on this runner, whose prefill is slow (~4.5 ms a token on 2
-# cores): the numbers of the torch test scaled to the 1,024-token context used here.
-LONG_PROMPT = 960
+# cores): four 128-token chunks, the short request arriving after two (the issue's
+# 3,600-token case on the default flags is the next test; 480 keeps this one cheap).
+LONG_PROMPT = 480
 
 
 @pytest.fixture(scope="module")
