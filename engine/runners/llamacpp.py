@@ -672,10 +672,21 @@ class LlamaCppRunner:
                                work.num_logits if work.sample else 0)
         if not work.sample:
             return None
+        tokens = self.handoff.tokens(work.seq_id)
         self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
-        llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, slot,
-                                       self.handoff.state(work.seq_id))
-        self._cached[slot] = work.start_pos + len(work.token_ids)
+        try:
+            llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, slot,
+                                           self.handoff.state(work.seq_id))
+        except RuntimeError as e:
+            # llama.cpp restores a state into one run of free cells only; a fragmented
+            # cache may have room for the prompt but no such run: prefill it here instead
+            log.warning("%s; prefilling those %d tokens in llama.cpp", e, len(tokens))
+            self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
+            self.adapters.activate(0)  # the base model's KV, whatever ran last
+            self._decode(tokens, list(range(len(tokens))), [slot] * len(tokens), [])
+        finally:
+            self.handoff.drop(work.seq_id)
+        self._cached[slot] = len(tokens)
         return got
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int],

@@ -68,6 +68,7 @@ class TorchPrefill:
         self.kv_heads = model.config.num_key_value_heads
         self.header = b""  # llama.cpp's state header, set by the probe
         self._caches: dict[int, Any] = {}
+        self._tokens: dict[int, list[int]] = {}  # each sequence's tokens so far (fallback)
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._caches
@@ -80,7 +81,9 @@ class TorchPrefill:
 
         if start_pos == 0:
             self._caches[seq_id] = DynamicCache()
+            self._tokens[seq_id] = []
         cache = self._caches[seq_id]
+        self._tokens[seq_id] += token_ids
         assert cache.get_seq_length() == start_pos, (cache.get_seq_length(), start_pos)
         with torch.inference_mode(), torch_threads(self.threads):
             ids = torch.tensor([token_ids])
@@ -90,6 +93,9 @@ class TorchPrefill:
                 return None
             logits = self.model.lm_head(hidden[0, -num_logits:])
         return logits.float()
+
+    def tokens(self, seq_id: int) -> list[int]:
+        return self._tokens[seq_id]
 
     def state(self, seq_id: int) -> bytes:
         """``seq_id``'s KV in llama.cpp's sequence-state layout (sequence 0, positions from
@@ -117,6 +123,7 @@ class TorchPrefill:
 
     def drop(self, seq_id: int) -> None:
         self._caches.pop(seq_id, None)
+        self._tokens.pop(seq_id, None)
 
 
 def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: bytes) -> None:

@@ -132,6 +132,21 @@ def test_an_abort_mid_prefill_leaves_no_torch_cache_and_no_blocks(engine, handov
     assert engine.scheduler.allocator.num_used == 0
 
 
+def test_a_state_llama_cpp_cannot_place_is_prefilled_by_llama_cpp_instead(engine, own,
+                                                                         monkeypatch):
+    """llama.cpp restores a state into one run of free cells only: when it refuses (a
+    fragmented cache), the prompt is prefilled by llama.cpp and the output is the same."""
+    def refuse(lc, ctx, slot, data):
+        raise RuntimeError("llama.cpp did not take a handed-over KV")
+
+    monkeypatch.setattr(llamacpp_handoff, "set_seq_state", refuse)
+    ids = prompt_of(engine.tokenizer, LONG, "Snow falls on the high mountain passes in winter. ")
+    got = run_to_completion(engine, {0: [("r", ids, greedy())]})["r"][0].token_ids
+    ref = run_to_completion(own, {0: [("r", ids, greedy())]})["r"][0].token_ids
+    assert got == ref and engine.scheduler.allocator.num_used == 0
+    assert not any(s in engine.runner.handoff for s in range(100))
+
+
 def test_the_start_up_probe_refuses_a_hand_over_in_the_wrong_k_layout(engine):
     prefill = engine.runner.handoff
     wrong = llamacpp_handoff.TorchPrefill(prefill.model, prefill.threads,
