@@ -1,22 +1,18 @@
-"""Measures a route to the default runner's time-to-first-token target (issue 28), not
-wired into the server: prefill a long prompt with the torch model, hand its KV to
+"""The route behind ``--torch-prefill-tokens`` (engine/runners/llamacpp_handoff.py),
+measured outside the server: prefill a long prompt with the torch model, hand its KV to
 llama.cpp (``llama_state_seq_set_data``), and decode there.
 
 Why: on this CPU llama.cpp's prefill of a 3,000-token prompt is no faster than HF
 ``generate`` fp32 (its flash-attention CPU kernel dominates at that length), while torch
 in bf16 (oneDNN's AVX512-BF16 GEMMs and SDPA's flash kernel) prefills it at ~0.7x HF.
-llama.cpp decodes a single sequence ~6x faster than torch, so the pair would keep both.
+llama.cpp decodes a single sequence ~6x faster than torch, so the pair keeps both.
 
 It prints, for one prompt per length: llama.cpp's own prefill, the torch prefill (fp32 and
 bf16), HF ``generate``'s first token, the hand-off's cost, and how many greedy tokens
 llama.cpp decodes from the handed-over KV equal to those it decodes from its own prefill.
 
-The sequence-state layout it writes is llama.cpp's own (src/llama-kv-cache.cpp,
-``state_write``): the header llama.cpp itself writes (copied from a one-token state,
-not hard-coded), one stream, each cell's position and sequence id, then per layer the K
-rows and then per layer the V rows (flash attention: V not transposed), f16. K is
-written in llama.cpp's rotary layout: its GGUF conversion permutes each head's q/k rows
-from HF's halves ``[x0..x31, y0..y31]`` to pairs ``[x0, y0, x1, y1, ...]``.
+The state is written by the runner's own ``TorchPrefill`` (the layout is described
+there), with llama.cpp's header taken from a one-token state it wrote.
 
 ``python -m bench.prefill_handoff [--lengths 1024 3000] [--check-tokens 48]`` (default
 model only: a Llama; ~2 min).
@@ -25,7 +21,6 @@ model only: a Llama; ~2 min).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import struct
 import time
 
@@ -37,8 +32,7 @@ from bench.llamacpp import gguf_path
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
-
-F16 = 1  # GGML_TYPE_F16
+from engine.runners.llamacpp_handoff import TorchPrefill, get_seq_state, set_seq_state
 
 
 class LlamaSeq:
@@ -83,53 +77,23 @@ class LlamaSeq:
             out.append(int(self.decode([out[-1]], pos0 + len(out) - 1).argmax()))
         return out
 
-    def state(self) -> bytes:
-        size = self.lib.llama_state_seq_get_size(self.ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        assert self.lib.llama_state_seq_get_data(self.ctx, buf, size, 0) == size
-        return bytes(buf)
-
-    def set_state(self, data: bytes) -> None:
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        assert self.lib.llama_state_seq_set_data(self.ctx, buf, len(data), 0) == len(data)
-
     def header(self) -> bytes:
         """The bytes llama.cpp writes before the stream count (magic and version): a
         one-token state's first 8 bytes, followed by stream count 1 and cell count 1."""
         self.prefill([1])
-        data = self.state()
+        data = get_seq_state(self.lib, self.ctx, 0)
         assert struct.unpack_from("<II", data, 8) == (1, 1), data[:16].hex()
         return data[:8]
 
 
-def seq_state(header: bytes, past, heads: int) -> bytes:
-    """llama.cpp's state of one sequence (id 0, positions 0..n-1) from an HF cache."""
-    layers = past.layers
-    n = layers[0].keys.shape[2]
-    meta = np.zeros((n, 3), dtype=np.int32)
-    meta[:, 0] = np.arange(n)  # position, then n_seq_id 1, then the seq id 0
-    meta[:, 1] = 1
-    parts = [header, struct.pack("<II", 1, n), meta.tobytes(), struct.pack("<II", 0, len(layers))]
-    ks, vs = [], []
-    for layer in layers:
-        k, v = layer.keys[0].transpose(0, 1), layer.values[0].transpose(0, 1)  # [n, kv, d]
-        d = k.shape[-1]
-        k = k.reshape(n, heads, 2, d // 2).transpose(-1, -2)  # HF halves -> llama.cpp pairs
-        ks.append(k.reshape(n, -1).float().half().numpy().tobytes())
-        vs.append(v.reshape(n, -1).float().half().numpy().tobytes())
-    for rows in (ks, vs):
-        for r in rows:
-            parts += [struct.pack("<iQ", F16, len(r) // n), r]
-    return b"".join(parts)
-
-
-def torch_prefill(engine: LLMEngine, ids: list[int]):
-    model = engine.runner.model  # type: ignore[attr-defined]
-    model.set_attn_implementation("sdpa")  # plain HF forward with its own cache
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        out = model(torch.tensor([ids]), use_cache=True, logits_to_keep=1)
-        return out, time.perf_counter() - t0
+def torch_prefill(prefill: TorchPrefill, ids: list[int]) -> tuple[bytes, np.ndarray, float]:
+    """The prompt through the runner's torch side, whole: its state for llama.cpp, the
+    last row's logits, the seconds the prefill took."""
+    t0 = time.perf_counter()
+    logits = prefill.run(0, ids, 0, 1)
+    seconds = time.perf_counter() - t0
+    assert logits is not None
+    return prefill.state(0), logits[0].numpy(), seconds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,9 +109,14 @@ def main(argv: list[str] | None = None) -> None:
     fp32 = engines["float32"]
     config = fp32.runner.model.config  # type: ignore[attr-defined]
     assert config.model_type == "llama", "the rotary permutation here is Llama's"
-    kv_heads = config.num_key_value_heads
     llm = LlamaSeq(gguf_path("default"), max(args.lengths) + args.check_tokens + 16, threads)
     header = llm.header()
+    prefills = {}
+    for dt, engine in engines.items():
+        model = engine.runner.model  # type: ignore[attr-defined]
+        model.set_attn_implementation("sdpa")  # plain HF forward with its own cache
+        prefills[dt] = TorchPrefill(model, threads, rope_pairs=True)
+        prefills[dt].header = header
     for n in args.lengths:
         ids = long_prompt(fp32.tokenizer, n, n)
         t0 = time.perf_counter()
@@ -157,13 +126,15 @@ def main(argv: list[str] | None = None) -> None:
         hf_s = hf_ttft(fp32, ids)
         print(f"{n} tokens: llama.cpp prefill {own_s:.2f} s, HF generate first token "
               f"{hf_s:.2f} s")
-        for dt, engine in engines.items():
-            out, torch_s = torch_prefill(engine, ids)
+        for dt, prefill in prefills.items():
+            if dt == "float32":  # hf_ttft put the engine's own attention back
+                engines[dt].runner.model.set_attn_implementation("sdpa")  # type: ignore
+            state, last, torch_s = torch_prefill(prefill, ids)
             t0 = time.perf_counter()
             llm.clear()
-            llm.set_state(seq_state(header, out.past_key_values, kv_heads))
+            set_seq_state(llm.lib, llm.ctx, 0, state)
             hand_s = time.perf_counter() - t0
-            got = llm.greedy(out.logits[0, -1].float().numpy(), n, args.check_tokens)
+            got = llm.greedy(last, n, args.check_tokens)
             same = next((i for i, (a, b) in enumerate(zip(own, got, strict=True)) if a != b),
                         len(own))
             print(f"  torch {dt} prefill {torch_s:.2f} s ({torch_s / hf_s:.2f}x HF), "

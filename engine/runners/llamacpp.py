@@ -366,7 +366,6 @@ class LlamaCppRunner:
         self._config_eos = _config_eos_ids(source)
         # Long prompts prefilled by torch, their KV handed over (llamacpp_handoff.py)
         self.handoff = llamacpp_handoff.start(self, source, config.torch_prefill_tokens)
-        self.handoff_min_tokens = config.torch_prefill_tokens
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
         log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
@@ -659,7 +658,7 @@ class LlamaCppRunner:
             return False
         if work.seq_id in h:
             return True
-        return (work.start_pos == 0 and work.seq_len >= self.handoff_min_tokens
+        return (work.start_pos == 0 and work.seq_len >= self.config.torch_prefill_tokens
                 and work.adapter_slot == 0 and not work.prompt_rows)
 
     def _torch_prefill(self, work: PrefillWork) -> torch.Tensor | None:
