@@ -45,6 +45,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # (their imports must not share the cores with the first requests), polled this often.
 PRESTART_IDLE_S = 1.0
 PRESTART_POLL_S = 0.25
+# How long no call must be in flight before a drain stops the server: longer than the
+# loop takes to dispatch a call gRPC accepted before its GOAWAY, even on a loaded machine.
+DISPATCH_SETTLE_S = 0.5
 
 
 async def wait_until_idle(idle: Callable[[], bool], for_s: float, poll_s: float,
@@ -337,12 +340,13 @@ class GenServer:
         deadline = time.monotonic() + grace
         stopping = asyncio.ensure_future(self.server.stop(grace=grace))  # GOAWAY now
         margin = min(2.0, grace / 4)
-        await self._wait_in_flight(deadline - margin)
+        await self._wait_settled(deadline - margin)
         if self.state.in_flight and self.engine is not None and not self._forced:
             log.warning("grace running out: ending %d in-flight calls (ABORTED)",
                         self.state.in_flight)
             self.engine.abort_all()
             await self._wait_in_flight(deadline)
+        self.state.closing = True
         if self.state.in_flight:
             log.warning("cancelling %d in-flight calls", self.state.in_flight)
         # Only quick calls (health watches, Tokenize) can remain: a short grace suffices.
@@ -380,6 +384,19 @@ class GenServer:
             raise OSError(f"cannot bind the health port {address}")
         await self.health_server.start()
         log.info("health checks (plaintext) on %s:%d", self.config.host, self.health_port)
+
+    async def _wait_settled(self, until: float) -> None:
+        """Until no call has been in flight for ``DISPATCH_SETTLE_S``: a call gRPC accepted
+        before its GOAWAY reaches the servicer only when the loop dispatches it (late on a
+        busy loop), and the final stop would cancel it undispatched (CANCELLED)."""
+        quiet_since = time.monotonic()
+        while time.monotonic() < until and not self._forced:
+            if self.state.in_flight:
+                await self._wait_in_flight(until)
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= DISPATCH_SETTLE_S:
+                return
+            await asyncio.sleep(0.05)
 
     async def _wait_in_flight(self, until: float) -> None:
         while self.state.in_flight and time.monotonic() < until and not self._forced:

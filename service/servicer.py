@@ -125,9 +125,13 @@ class Call:
 
 @dataclass
 class ServerState:
-    """Shared between servicer and server: draining refuses new work."""
+    """Shared between servicer and server. ``draining``: SIGTERM came, GOAWAY is sent, and
+    calls gRPC still hands over (accepted before its GOAWAY, dispatched late on a busy
+    loop) are served; ``closing``: the drain is ending, so a call now is refused
+    UNAVAILABLE (retried elsewhere) rather than cut mid-way."""
 
     draining: bool = False
+    closing: bool = False
     in_flight: int = 0
 
 
@@ -263,7 +267,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         call.request_ids.append(request_id)
 
     def _check_open(self) -> None:
-        if self.state.draining:
+        if self.state.closing:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         if self.engine is None:
             raise RequestFailed(grpc.StatusCode.UNAVAILABLE, "the model is still loading")

@@ -77,12 +77,12 @@ def test_load_balancing(replicas, policy):
 
 @contextlib.contextmanager
 def _draining(running):
-    """The replica answers generation calls UNAVAILABLE, as at the start of a drain."""
-    running.server.state.draining = True
+    """The replica answers generation calls UNAVAILABLE, as at the end of a drain."""
+    running.server.state.closing = True
     try:
         yield
     finally:
-        running.server.state.draining = False
+        running.server.state.closing = False
 
 
 def test_unavailable_is_retried_on_another_replica(replicas):
