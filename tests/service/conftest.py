@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, in_own_thread
 from engine.config import EngineConfig
 from genserve.v1 import generation_pb2_grpc as pb_grpc
 from service.server import GenServer, ServerConfig
@@ -76,7 +76,11 @@ def start_server(engine, limits: ServiceLimits | None = None, structured_outputs
     async def boot():  # grpc.aio objects belong to the loop they are created on
         built = engine
         if isinstance(engine, EngineConfig):
-            built = await asyncio.to_thread(AsyncEngine.from_config, engine)
+            # in a thread that ends (not asyncio's executor, whose threads outlive the
+            # test): a live thread that ran torch keeps an OpenMP team, and with more
+            # OpenMP threads than cores libgomp stops spin-waiting, so every later torch
+            # op in this process ran 1.6-1.8x slower (engine/async_engine.in_own_thread)
+            built = await in_own_thread(AsyncEngine.from_config, engine)
         server = GenServer(config, built)
         server.servicer.structured = structured_outputs
         await server.start()
