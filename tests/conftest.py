@@ -15,6 +15,11 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# GENSERVE_SLOW=1: the breadth tier. `make test` (CI) runs every behaviour, on a subset
+# where a test repeats one behaviour over many inputs (schemas, random walks); the slow
+# tier runs all of them. Only breadth, never a behaviour, may hang on it.
+SLOW = bool(os.environ.get("GENSERVE_SLOW"))
+
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:

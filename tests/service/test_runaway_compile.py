@@ -3,6 +3,7 @@ requests keep answering, and SIGTERM exits within the grace with no compile left
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -34,6 +35,26 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _wait_compiling(pid: int, cpu_s: float, timeout: float) -> None:
+    """Until one of ``pid``'s children (the compile workers) has computed ``cpu_s``: the
+    runaway compile is under way (its worker imported, deep in the FSM)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(_cpu_seconds(c) >= cpu_s for c in _children(pid)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no compile worker computed {cpu_s} s within {timeout} s")
+
+
 def test_runaway_compile_never_stalls_the_server_or_its_shutdown(tiny_model_dir, tmp_path):
     log = tmp_path / "serve.log"
     proc, port = serve(tiny_model_dir, log, "--drain-grace-seconds", "5", "--enforce-eager",
@@ -55,7 +76,7 @@ def test_runaway_compile_never_stalls_the_server_or_its_shutdown(tiny_model_dir,
 
             thread = threading.Thread(target=hostile)
             thread.start()
-            time.sleep(8)  # the compile worker is deep in the runaway FSM by now
+            _wait_compiling(proc.pid, cpu_s=5.0, timeout=60)
             assert thread.is_alive(), outcome
             start = time.perf_counter()
             assert health(ch) == health_pb2.HealthCheckResponse.SERVING
