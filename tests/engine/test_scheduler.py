@@ -137,17 +137,27 @@ def long_prefill_scheduler(**kw) -> Scheduler:
     return Scheduler(**base)  # type: ignore[arg-type]
 
 
-def test_a_long_prefill_gets_at_most_the_threshold_a_step():
+def test_a_long_prefill_beside_another_sequence_gets_at_most_the_threshold_a_step():
     sched = long_prefill_scheduler()
+    sched.add(seq(1, 4))
     sched.add(seq(0, 40))
-    assert [step(sched) for _ in range(4)] == [[(0, 16, False)], [(0, 16, False)],
-                                              [(0, 8, True)], [(0, 1, True)]]
+    assert [step(sched) for _ in range(4)] == [
+        [(1, 4, True), (0, 16, False)], [(1, 1, True), (0, 16, False)],
+        [(1, 1, True), (0, 8, True)], [(1, 1, True), (0, 1, True)]]
+
+
+def test_a_long_prefill_alone_takes_twice_the_threshold_until_another_request_comes():
+    sched = long_prefill_scheduler()
+    sched.add(seq(0, 100))
+    assert step(sched) == [(0, 32, False)]  # nobody else: a bigger chunk shortens no step
+    sched.add(seq(1, 10))
+    assert step(sched) == [(0, 16, False), (1, 10, True)]  # the threshold again at once
 
 
 def test_a_short_prompt_arriving_during_a_long_prefill_is_prefilled_and_decoded_beside_it():
     sched = long_prefill_scheduler()
     sched.add(seq(0, 100))
-    assert step(sched) == [(0, 16, False)]
+    assert step(sched) == [(0, 32, False)]  # alone: twice the threshold
     sched.add(seq(1, 10))
     assert step(sched) == [(0, 16, False), (1, 10, True)]  # its first token: this step
     assert step(sched) == [(0, 16, False), (1, 1, True)]

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.skipif(not _bf16_cpu(),
                                  reason="needs llama-cpp-python on a CPU with AVX512-BF16"),
               pytest.mark.usefixtures("torch_threads_restored")]
 
-LONG = 600  # tokens: over the 512 default, five 128-token chunks
+LONG = 600  # tokens: over the 512 default; chunks of 256, 512 while alone
 MAX_NEW = 24
 
 
@@ -121,8 +121,7 @@ def test_blocks_are_cached_once_handed_over_and_a_later_prompt_hits_them(engine,
 def test_an_abort_mid_prefill_leaves_no_torch_cache_and_no_blocks(engine, handovers):
     ids = prompt_of(engine.tokenizer, LONG, "Bees visit flowers all day in the warm sun. ")
     engine.add_request("gone", ids, greedy())  # a prompt no earlier test cached
-    engine.step()
-    engine.step()
+    engine.step()  # alone: its first chunk is 512 of its 600 tokens
     seq = next(iter(engine.scheduler.running))
     assert seq.seq_id in engine.runner.handoff
     engine.abort("gone")

@@ -349,7 +349,9 @@ def test_a_short_request_during_a_long_prefill_gets_its_token_next_step_output_u
     128-token chunks beside the short one); the long request's greedy tokens equal those
     of its prefill as one 1,024-token step (ubatches of 63 keep them batch invariant)."""
     assert engine.scheduler.long_prefill_token_threshold == 128  # this runner's default
-    got = short_during_long_prefill(engine, long_ids, greedy(8), ids[1], greedy(4))
+    # one step alone (a 256-token chunk: twice the threshold), then the short one comes
+    got = short_during_long_prefill(engine, long_ids, greedy(8), ids[1], greedy(4),
+                                    after_steps=1)
     assert got.steps_to_first_token == 1 and got.long_prefilling
     whole = LLMEngine(config(long_prefill_token_threshold=0, max_num_batched_tokens=1024))
     assert got.long_tokens == alone(whole, long_ids, greedy(8))
