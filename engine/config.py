@@ -39,7 +39,8 @@ class EngineConfig:
     # on the torch runner on CPU (~0.5 s; 128 cost ~25% prefill throughput there, 256
     # ~10%) and on llama.cpp when long prompts prefill in torch (--torch-prefill-tokens:
     # 3,000 tokens in 128-token chunks took 6.9-7.1 s, in 256 5.8-6.5, whole 5.0-6.0),
-    # 0 on CUDA (a 512-token step takes milliseconds).
+    # 0 on CUDA (a 512-token step takes milliseconds). A prefill alone in the engine takes
+    # twice this (scheduler.ALONE_CHUNK_FACTOR).
     long_prefill_token_threshold: int | None = None
     # Prompts with more than the threshold left to prefill that may prefill at once; the
     # rest wait, and shorter prompts queued behind them are admitted meanwhile.
