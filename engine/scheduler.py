@@ -15,7 +15,7 @@ starts only while fewer than ``max_long_partial_prefills`` long ones are prefill
 shorter prompts behind it in the queue are admitted meanwhile. A short request arriving
 during a long prefill thus gets its first token in the next step. A prefill with no other
 sequence in the engine takes ``ALONE_CHUNK_FACTOR`` times the threshold (within the
-budget): small chunks cost a prefill throughput, and while it is alone they shorten no
+budget): small chunks cost prefill throughput, and while it is alone they shorten no
 one's step; one arriving waits out at most one such chunk.
 
 With prefix caching (engine/kv_cache.py) a sequence about to be prefilled first takes the
