@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
+from tests.conftest import SLOW
 from tests.service.serve_process import serve, wait_serving
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -78,7 +79,7 @@ def test_a_killed_worker_turns_health_not_serving_and_the_server_exits_non_zero(
             proc.kill()
 
 
-@pytest.mark.skipif(not os.environ.get("GENSERVE_SLOW"), reason="GENSERVE_SLOW: a second "
+@pytest.mark.skipif(not SLOW, reason="GENSERVE_SLOW: a second "
                     "TP server; the drain's worker shutdown is covered by the runner tests")
 def test_sigterm_drains_and_leaves_no_worker_behind(tiny_model_dir, tmp_path):
     log = tmp_path / "serve.log"

@@ -6,8 +6,6 @@ verify rows run the request's adapter."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -20,6 +18,7 @@ from engine.runners.torch.lora import LoraLayers
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
+from tests.conftest import SLOW
 from tests.lora_adapters import ADAPTERS, hf_greedy, merged_model
 
 NEW = 8
@@ -110,7 +109,7 @@ def test_compiled_hooks_read_each_rows_slot_from_the_static_mask(tiny_model_dir,
         assert changed == [s == 1 for s in slots]  # q_proj: only a1's rows change
 
 
-@pytest.mark.skipif(not os.environ.get("GENSERVE_SLOW"), reason="compiles for ~30 s; the "
+@pytest.mark.skipif(not SLOW, reason="compiles for ~30 s; the "
                     "compiled hooks are checked above, set GENSERVE_SLOW=1 for the whole step")
 def test_compiled_decode_step_applies_each_rows_adapter(tiny_model_dir, lora_cache,
                                                         references):
