@@ -13,6 +13,7 @@ for the formats measured to lose.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
@@ -45,16 +46,25 @@ def target_format(choice: str, current: str) -> str | None:
 
 
 def file_format(llama_cpp, gguf: Path) -> str:
-    """The GGUF's weight format as llama.cpp names it ("Q4_1"), read without its weights."""
+    """The GGUF's weight format as llama.cpp names it ("Q4_1"), read without its weights:
+    from the file's ``general.file_type`` (a vocabulary-only load leaves
+    ``llama_model_ftype`` at its "all F32" default, whatever the file holds)."""
+    from gguf import LlamaFileType
+
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), params)
     if not model:
         raise ValueError(f"llama.cpp could not read {gguf}")
     try:
-        return (llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(model)) or b"?").decode()
+        buf = ctypes.create_string_buffer(32)
+        n = llama_cpp.llama_model_meta_val_str(model, b"general.file_type", buf, len(buf))
     finally:
         llama_cpp.llama_model_free(model)
+    if n < 0:
+        raise ValueError(f"{gguf} names no general.file_type")
+    ftype = LlamaFileType(int(buf.value))
+    return "all F32" if ftype == LlamaFileType.ALL_F32 else ftype.name.removeprefix("MOSTLY_")
 
 
 def served_gguf(llama_cpp, gguf: Path, choice: str, threads: int) -> Path:

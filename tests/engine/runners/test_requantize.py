@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.runners.requantize import requantized_path, target_format
+from engine.loading.model_loader import default_model_path
+from engine.runners.requantize import file_format, requantized_path, served_gguf, target_format
+from engine.runners.select import llama_cpp_available
 
 
 def test_auto_requantises_only_the_formats_measured_to_lose():
@@ -41,3 +43,20 @@ def test_the_copy_is_keyed_by_the_source_file(tmp_path, monkeypatch):
     src.write_bytes(b"GGUF" + b"\1" * 200)  # the source changed: another copy
     assert requantized_path(src, "Q8_0") != first
     assert requantized_path(Path(src), "F16") != requantized_path(src, "Q8_0")
+
+
+@pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python is not installed")
+def test_the_files_format_is_read_from_its_metadata():
+    """``file_format`` (what a bench runs llama.cpp itself on) names the shipped file's
+    own format, as the runner's loaded model does: a vocabulary-only load reports every
+    file as "all F32", which sent the benches' ``Llama.generate`` to the Q4_1 file while
+    the server ran its Q8_0 copy."""
+    from engine.runners.llamacpp import llama_lib
+
+    lib = llama_lib()
+    shipped = Path(default_model_path())
+    assert file_format(lib, shipped) == "Q4_1"
+    assert served_gguf(lib, shipped, "none", 1) == shipped
+    copy = served_gguf(lib, shipped, "auto", 2)
+    assert copy == requantized_path(shipped.resolve(), "Q8_0")
+    assert file_format(lib, copy) == "Q8_0"
