@@ -8,6 +8,7 @@ from collections.abc import Collection
 import torch
 
 from engine.sampler import SamplingMetadata
+from engine.sampling_params import SamplingParams
 from engine.step_layout import RowView
 
 
@@ -40,3 +41,10 @@ def min_tokens_bans(view: RowView, logits: torch.Tensor, eos: Collection[int]) -
             seq.output.min_new_tokens = 0
             return []
     return banned
+
+
+def plain_greedy(params: SamplingParams) -> bool:
+    """Whether a request's rows are greedy with no penalties: the sampler then takes each
+    row's argmax over its non-banned ids (``greedy_with_bans``) and nothing else."""
+    return (params.temperature <= 0 and params.repetition_penalty == 1
+            and params.presence_penalty == 0 and params.frequency_penalty == 0)

@@ -260,3 +260,31 @@ def test_prompt_logprobs_match_a_full_forward(tiny_model_dir, hf_model, prompt_i
         assert lp.logprob == pytest.approx(row[ids[i + 1]].item(), abs=1e-4)
         assert lp.rank == int((row > row[ids[i + 1]]).sum()) + 1
         assert [t for t, _ in lp.top] == row.topk(2).indices.tolist()
+
+
+def test_greedy_steps_take_the_argmax_without_the_samplers_metadata(tiny_model_dir, prompt_ids,
+                                                                    monkeypatch):
+    """A step whose rows are all greedy with no penalties picks each row's argmax over its
+    non-banned ids directly; the tokens equal the sampler's (min-new-tokens bans included)."""
+    import engine.llm_engine as llm_engine
+    from engine.sampler import SamplingMetadata
+
+    engine = make_engine(tiny_model_dir)
+    first = run_to_completion(engine, {0: [("x", prompt_ids[4], greedy(1))]})["x"][0]
+    banned = SamplingParams(max_new_tokens=6, min_new_tokens=6,
+                            stop_token_ids=[first.token_ids[0]])  # its greedy first token
+    arrivals = {0: [(f"r{i}", ids, greedy()) for i, ids in enumerate(prompt_ids[:3])],
+                2: [("banned", prompt_ids[4], banned)]}
+
+    def no_metadata(*args, **kwargs):
+        raise AssertionError("an all-greedy step built sampler metadata")
+
+    with monkeypatch.context() as m:
+        m.setattr(SamplingMetadata, "build", no_metadata)
+        fast = run_to_completion(engine, arrivals)
+    with monkeypatch.context() as m:
+        m.setattr(llm_engine, "plain_greedy", lambda params: False)
+        sampler = run_to_completion(engine, arrivals)
+    assert {k: v[0].token_ids for k, v in fast.items()} == \
+        {k: v[0].token_ids for k, v in sampler.items()}
+    assert fast["banned"][0].token_ids[0] != first.token_ids[0]
