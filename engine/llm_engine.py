@@ -28,9 +28,9 @@ from engine.processors import ProcessorRunner, overlap_pays
 from engine.request_limits import admit, past_time_limit
 from engine.runners.base import Runner
 from engine.runners.select import create_runner
-from engine.sampler import Sampler, greedy_with_bans
+from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.sampling_rows import min_tokens_bans, plain_greedy, sampling_rows
+from engine.sampling_rows import greedy_rows, plain_greedy, sampling_rows
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.speculation import SpeculatorFactory
@@ -303,13 +303,7 @@ class LLMEngine:
         if plain:
             rows = [entries[i].rows.start for i in plain]
             if all(plain_greedy(entries[i].seq.request.params) for i in plain):
-                # The sampler's own greedy path without its metadata (~0.2 ms a step,
-                # a few % of a batch-1 llama.cpp step)
-                sub = (logits if rows == list(range(len(logits)))
-                       else logits[torch.tensor(rows, device=logits.device)])
-                bans = [min_tokens_bans(views[r], sub[k], self._eos)
-                        for k, r in enumerate(rows)]
-                tokens = greedy_with_bans(sub.float(), bans).tolist()
+                tokens = greedy_rows(rows, views, logits, self._eos)
             else:
                 meta, sub = sampling_rows(rows, views, logits, self._eos)
                 tokens = self.sampler(sub, meta, logprobs=False).token_ids.tolist()

@@ -7,7 +7,7 @@ from collections.abc import Collection
 
 import torch
 
-from engine.sampler import SamplingMetadata
+from engine.sampler import SamplingMetadata, greedy_with_bans
 from engine.sampling_params import SamplingParams
 from engine.step_layout import RowView
 
@@ -16,9 +16,7 @@ def sampling_rows(rows: list[int], views: list[RowView], logits: torch.Tensor,
                   eos: Collection[int]) -> tuple[SamplingMetadata, torch.Tensor]:
     """Sampling metadata of ``rows`` (each over its own prefix, so its own output position)
     and their logits."""
-    # Every row in order (a step of plain decodes): the logits as they are, no gathered copy.
-    sub = (logits if rows == list(range(len(logits)))
-           else logits[torch.tensor(rows, device=logits.device)])
+    sub = rows_of(logits, rows)
     vs = [views[r] for r in rows]
     meta = SamplingMetadata.build(
         [v.seq.request.params for v in vs], [v.prompt_token_ids for v in vs],
@@ -26,6 +24,23 @@ def sampling_rows(rows: list[int], views: list[RowView], logits: torch.Tensor,
         [v.seq.sampling_key for v in vs],
         [min_tokens_bans(v, sub[i], eos) for i, v in enumerate(vs)], logits.device)
     return meta, sub
+
+
+def greedy_rows(rows: list[int], views: list[RowView], logits: torch.Tensor,
+                eos: Collection[int]) -> list[int]:
+    """Each row's argmax over its non-banned ids: the sampler's pick for rows that are all
+    ``plain_greedy``, without building its metadata (~0.2 ms a step, a few % of a batch-1
+    llama.cpp step)."""
+    sub = rows_of(logits, rows)
+    bans = [min_tokens_bans(views[r], sub[i], eos) for i, r in enumerate(rows)]
+    return greedy_with_bans(sub.float(), bans).tolist()
+
+
+def rows_of(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """The logits of ``rows``; every row in order (a step of plain decodes): the logits as
+    they are, no gathered copy."""
+    return (logits if rows == list(range(len(logits)))
+            else logits[torch.tensor(rows, device=logits.device)])
 
 
 def min_tokens_bans(view: RowView, logits: torch.Tensor, eos: Collection[int]) -> list[int]:
