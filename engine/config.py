@@ -51,8 +51,12 @@ class EngineConfig:
     torch_prefill_tokens: int = 512
     kv_cache_memory: int = 1 << 30  # bytes for the KV cache
     block_size: int = 16  # tokens per KV block
-    # Automatic prefix caching: full KV blocks found again by later prompts (torch runner)
+    # Automatic prefix caching: full KV blocks found again by later prompts (both runners)
     enable_prefix_caching: bool = True
+    # llama.cpp runner: host memory for cached blocks no sequence uses, moved out of
+    # llama.cpp's cells (engine/runners/llamacpp_host_blocks.py); None = as much as
+    # kv_cache_memory, 0 = idle blocks stay in the cells (a few, as their cells cost steps).
+    prefix_cache_host_memory: int | None = None
     dtype: str = "auto"  # auto: fp32 on CPU; on CUDA the checkpoint's half dtype (fp32 -> bf16)
     device: str = "auto"  # auto = cuda if available else cpu
     max_waiting: int = 1024  # waiting-queue bound; beyond it generate() raises QueueFullError

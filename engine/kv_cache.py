@@ -42,11 +42,15 @@ class BlockKeeper(Protocol):
     its own cells) keeps a cached block's KV alive from the moment the scheduler caches it
     until the allocator evicts it, and so can hand it to a later sequence."""
 
-    # Most cached blocks no sequence holds that it keeps while at most one sequence runs
-    # (the least recently used beyond are evicted); the scheduler divides it by the
-    # number of running sequences. llama.cpp's attention walks every cell up to the
-    # highest one in use, so each kept cell costs every row of every step.
+    # Most cached blocks no sequence holds that it keeps (the least recently used beyond
+    # are evicted); where ``idle_blocks_cost_steps`` the scheduler divides it by the
+    # number of running sequences: llama.cpp's attention walks every cell up to the
+    # highest one in use, so each idle block left in its cells costs every row of every
+    # step. A keeper that moves idle blocks out of the cells (``demote``) costs none.
     max_idle_blocks: int
+
+    @property
+    def idle_blocks_cost_steps(self) -> bool: ...
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
         """Keep the KV of ``block_table[index]``, computed by sequence ``seq_id``; False
@@ -55,6 +59,11 @@ class BlockKeeper(Protocol):
 
     def evict(self, block: int) -> None:
         """The allocator dropped ``block``'s content: its KV may go."""
+        ...
+
+    def demote(self, blocks: list[int]) -> None:
+        """``blocks`` became idle (cached, held by no sequence) since the last step that
+        ran, and are still idle as the next one is about to run."""
         ...
 
     def kv_pending(self, seq_id: int) -> bool:
@@ -91,6 +100,7 @@ class BlockAllocator:
         self._hash_of: dict[int, bytes] = {}
         self._by_hash: dict[bytes, int] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unused: LRU first
+        self._newly_idle: dict[int, None] = {}  # went evictable since take_idle
         self.stats = PrefixCacheStats()
 
     @property
@@ -132,10 +142,17 @@ class BlockAllocator:
             if self._refs[b] == 0:
                 if b in self._hash_of:
                     self._evictable[b] = None
+                    self._newly_idle[b] = None
                 else:
                     self._free.append(b)
         blocks.clear()
         self._trim()
+
+    def take_idle(self) -> list[int]:
+        """The cached blocks nobody holds that became so since the last call."""
+        idle = [b for b in self._newly_idle if b in self._evictable]
+        self._newly_idle.clear()
+        return idle
 
     def limit_evictable(self, n: int) -> None:
         """Keep at most ``n`` cached blocks nobody holds (least recently used go now)."""

@@ -209,12 +209,23 @@ class Scheduler:
         return min(n, t * ALONE_CHUNK_FACTOR if alone else t) if t else n
 
     def schedule(self) -> list[ScheduledSeq]:
-        if self.keeper is not None:
-            # Kept cells cost each running row (see BlockKeeper): with 32 streaming
-            # clients and no shared prefix, 2,048 idle cells made llama.cpp's steps 1.45x
-            # slower (238 vs 347 tok/s, quiet machine); under load fewer are kept.
-            self.allocator.limit_evictable(
-                max(1, self.keeper.max_idle_blocks // max(1, len(self.running))))
+        keeper = self.keeper
+        if keeper is not None:
+            # Idle cells left in llama.cpp cost each running row (see BlockKeeper): with
+            # 32 streaming clients and no shared prefix, 2,048 idle cells made its steps
+            # 1.45x slower (238 vs 347 tok/s, quiet machine); under load fewer are kept.
+            cap = keeper.max_idle_blocks
+            if keeper.idle_blocks_cost_steps:
+                cap //= max(1, len(self.running))
+            self.allocator.limit_evictable(max(1, cap))
+        out = self._schedule_turns()
+        if keeper is not None and out:
+            idle = self.allocator.take_idle()
+            if idle:
+                keeper.demote(idle)
+        return out
+
+    def _schedule_turns(self) -> list[ScheduledSeq]:
         if self.mixed_adapters:
             return self._schedule(None)
         for slot in self._adapter_turns():

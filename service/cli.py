@@ -87,6 +87,11 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--enable-prefix-caching", "enable_prefix_caching", bool,
      "reuse the KV blocks of prompt prefixes seen before (shared system prompts, chat "
      "histories, n > 1 samples); both runners"),
+    ("--prefix-cache-host-memory", "prefix_cache_host_memory", parse_bytes,
+     "llama.cpp runner: host memory for cached prefix blocks no request is using, moved "
+     "out of llama.cpp's KV cells (which every step's attention walks) and written back on "
+     "a hit; default: as much as --kv-cache-memory; 0 = keep them in the cells (at most "
+     "2,048 tokens' worth, fewer under load)"),
     ("--revision", "revision", str, "a hub id's branch, tag or commit (default: main)"),
     ("--trust-remote-code", "trust_remote_code", bool,
      "run a model's own Python code (auto_map in its config.json); off by default"),

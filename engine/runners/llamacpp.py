@@ -64,6 +64,7 @@ from engine.runners.base import (
     WarmupReport,
     config_eos_ids,
 )
+from engine.runners.llamacpp_host_blocks import HostBlocks
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
 from engine.runners.llamacpp_streams import kv_streams
@@ -329,10 +330,7 @@ class LlamaCppRunner:
         self._cached = [0] * self.max_num_seqs  # positions each llama.cpp seq caches
         self.supports_prefix_caching = caching
         self.handoff: llamacpp_handoff.TorchPrefill | None = None
-        self._kept = CellKeeper(
-            llama_cpp, self.memory, config.block_size,
-            range(config.max_num_seqs, n_seq_max), self._slot_of.get,
-            pending=lambda seq_id: self.handoff is not None and seq_id in self.handoff) \
+        self._kept = self._cell_keeper(config, n_seq_max, bytes_per_block) \
             if caching else None
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
@@ -347,9 +345,16 @@ class LlamaCppRunner:
             if config.enable_prefix_caching:
                 log.info("llama.cpp runner: prefix caching off under --batch-invariant "
                          "(cached cells cannot be shared across KV streams)")
-        elif caching:
+        elif self._kept is not None:
+            host = self._kept.host
             log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "
-                     "sequence ids", n_seq_max - config.max_num_seqs)
+                     "sequence ids; %s", len(self._kept.keepers),
+                     f"idle cached blocks in host memory, up to {self._kept.max_idle_blocks}"
+                     f" blocks ({self._kept.max_idle_blocks * bytes_per_block / 2**20:.0f} "
+                     "MiB, --prefix-cache-host-memory)" if host is not None else
+                     "idle cached blocks stay in llama.cpp's cells (at most "
+                     f"{self._kept.max_idle_blocks * config.block_size} cells, fewer under "
+                     "load; --prefix-cache-host-memory 0)")
         elif config.enable_prefix_caching:
             log.info("llama.cpp runner: prefix caching needs a sequence id beyond the %d "
                      "running ones; this context allows %d (min of 256, n_ctx, n_batch)",
@@ -378,6 +383,24 @@ class LlamaCppRunner:
                       "--batch-invariant)", cparams.n_ctx,
                  self.num_blocks, config.block_size,
                  self.num_blocks * bytes_per_block / 2**20, self.max_num_seqs)
+
+    def _cell_keeper(self, config: EngineConfig, n_seq_max: int,
+                     bytes_per_block: int) -> CellKeeper:
+        """Keepers in the sequence ids past the running ones; with host memory for idle
+        blocks, the last id is the host tier's scratch."""
+        host_memory = config.kv_cache_memory if config.prefix_cache_host_memory is None \
+            else config.prefix_cache_host_memory
+        host_blocks = host_memory // bytes_per_block
+        ids = range(config.max_num_seqs, n_seq_max)
+        host = None
+        if host_blocks > 0 and len(ids) > 1:
+            host = HostBlocks(self.llama_cpp, self.ctx, self.memory, config.block_size,
+                              scratch=ids[-1])
+            ids = ids[:-1]
+        return CellKeeper(
+            self.llama_cpp, self.memory, config.block_size, ids, self._slot_of.get,
+            pending=lambda seq_id: self.handoff is not None and seq_id in self.handoff,
+            host=host, host_blocks=host_blocks)
 
     def close(self) -> None:
         """Nothing to stop: the context and model are freed with the runner."""

@@ -20,12 +20,23 @@ on the torch runner); this module maps each cached block to cells llama.cpp keep
 Cells stay accounted in blocks: a kept block is one the allocator counts (held or
 evictable), and it leaves its keeper the moment the allocator evicts it, before the step
 whose new tokens take its room.
+
+With a host tier (``llamacpp_host_blocks.py``, on by default) a cached block no sequence
+holds leaves the cells at the next step that runs anything: its rows are copied to host
+memory and its keeper lets go (``demote``); a sequence that finds it gets it written back
+(``share``). Such blocks then cost llama.cpp's steps nothing, so the scheduler keeps as
+many as the host budget holds instead of a few cells' worth.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
+
+from engine.runners.llamacpp_host_blocks import HostBlocks, StateFormatError
+
+log = logging.getLogger(__name__)
 
 # Most cells of cached blocks no sequence holds. llama.cpp's attention (flash attention's
 # CPU kernel, and the mask it builds each ubatch) walks every cell up to the highest one in
@@ -45,11 +56,15 @@ class CellKeeper:
     def __init__(self, llama_cpp: Any, memory: Any, block_size: int, keepers: range,
                  slot_of: Callable[[int], int | None],
                  max_idle_cells: int = MAX_IDLE_CELLS,
-                 pending: Callable[[int], bool] = lambda seq_id: False) -> None:
+                 pending: Callable[[int], bool] = lambda seq_id: False,
+                 host: HostBlocks | None = None, host_blocks: int = 0) -> None:
         """``keepers``: the llama.cpp sequence ids reserved for cached cells (beyond the
         running sequences'); ``slot_of``: the llama.cpp sequence id of an engine sequence;
-        ``pending``: whether a sequence's KV is still being computed outside llama.cpp."""
-        self.max_idle_blocks = max(1, max_idle_cells // block_size)
+        ``pending``: whether a sequence's KV is still being computed outside llama.cpp;
+        ``host``: where idle blocks go, ``host_blocks`` of them at most."""
+        self.host = host
+        self.max_idle_blocks = host_blocks if host else max(1, max_idle_cells // block_size)
+        self._cell_idle_blocks = max(1, max_idle_cells // block_size)
         self.lib = llama_cpp
         self.memory = memory
         self.block_size = block_size
@@ -61,7 +76,13 @@ class CellKeeper:
 
     @property
     def num_kept(self) -> int:
-        return len(self._where)
+        """Blocks whose KV is kept (in cells or in host memory)."""
+        return len(self._where.keys() | set(self.host or ()))
+
+    @property
+    def idle_blocks_cost_steps(self) -> bool:
+        """Whether idle blocks stay in llama.cpp's cells (see ``BlockKeeper``)."""
+        return self.host is None
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
         src = self.slot_of(seq_id)
@@ -77,25 +98,97 @@ class CellKeeper:
         return True
 
     def evict(self, block: int) -> None:
+        if self.host is not None:
+            self.host.drop(block)
         where = self._where.pop(block, None)
         if where is None:
             return
         keeper, index = where
+        self._release(keeper, index)
+
+    def _release(self, keeper: int, index: int) -> None:
         bs = self.block_size
         self.lib.llama_memory_seq_rm(self.memory, keeper, index * bs, (index + 1) * bs)
         self._used_at[index].discard(keeper)
 
+    def demote(self, blocks: list[int]) -> None:
+        """``blocks`` are idle (cached, held by no sequence) and a step is about to run:
+        with a host tier their rows move to host memory and their cells are freed."""
+        if self.host is None:
+            return
+        by_keeper: dict[int, list[tuple[int, int, int]]] = {}
+        for b in blocks:
+            if b in self._where:
+                keeper, index = self._where[b]
+                by_keeper.setdefault(keeper, []).append((b, keeper, index))
+        for keeper, ranges in by_keeper.items():
+            try:
+                self.host.copy_out(ranges)
+            except StateFormatError as e:
+                log.warning("llama.cpp runner: idle cached blocks stay in llama.cpp's cells "
+                            "(its sequence state is not laid out as expected: %s)", e)
+                self.host = None
+                self.max_idle_blocks = self._cell_idle_blocks
+                return
+            for block, _, index in ranges:
+                del self._where[block]
+                self._release(keeper, index)
+
     def share(self, blocks: list[int], dst: int) -> None:
         """Give llama.cpp sequence ``dst`` the cells of ``blocks`` (cached, at indices
-        ``0 .. len(blocks) - 1``), one ``seq_cp`` per run of blocks in one keeper."""
+        ``0 .. len(blocks) - 1``): blocks in host memory are written back first (each
+        into a keeper when one is free at its index), then one ``seq_cp`` per run of
+        blocks in one keeper."""
         bs = self.block_size
+        given: set[int] = set()
+        if self.host is not None:
+            start = None
+            for i in range(len(blocks) + 1):
+                away = i < len(blocks) and blocks[i] not in self._where
+                if away and start is None:
+                    start = i
+                elif not away and start is not None:
+                    given |= self._restore(blocks, start, i, dst)
+                    start = None
+        keepers = [None if b in given else self._where[b][0] for b in blocks]
         start = 0
         for i in range(1, len(blocks) + 1):
-            if i < len(blocks) and self._where[blocks[i]][0] == self._where[blocks[start]][0]:
+            if i < len(blocks) and keepers[i] == keepers[start]:
                 continue
-            keeper = self._where[blocks[start]][0]
-            self.lib.llama_memory_seq_cp(self.memory, keeper, dst, start * bs, i * bs)
+            keeper = keepers[start]
+            if keeper is not None:
+                self.lib.llama_memory_seq_cp(self.memory, keeper, dst, start * bs, i * bs)
             start = i
+
+    def _restore(self, blocks: list[int], start: int, end: int, dst: int) -> set[int]:
+        """Write ``blocks[start:end]`` back from host memory into ``dst`` and, where one is
+        free at their index, a keeper (the host copy then goes; a block with no keeper
+        keeps it and stays findable); returns those blocks, now ``dst``'s."""
+        assert self.host is not None
+        bs = self.block_size
+        run = blocks[start:end]
+        homes: list[int | None] = []
+        for i, b in enumerate(run, start):
+            keeper = self._free_keeper(i, blocks[i - 1] if i else None)
+            homes.append(keeper)
+            if keeper is not None:  # taken now, so the next block's parent finds it
+                self._where[b] = (keeper, i)
+                self._used_at.setdefault(i, set()).add(keeper)
+        scratch = self.host.scratch
+
+        def place(p0: int, p1: int) -> None:
+            self.lib.llama_memory_seq_cp(self.memory, scratch, dst, p0, p1)
+            for i in range(p0 // bs, (p1 - 1) // bs + 1):
+                keeper = homes[i - start]
+                if keeper is not None:
+                    self.lib.llama_memory_seq_cp(self.memory, scratch, keeper,
+                                                 max(p0, i * bs), min(p1, (i + 1) * bs))
+
+        self.host.copy_in(run, start, place)
+        for b, keeper in zip(run, homes, strict=True):
+            if keeper is not None:
+                self.host.drop(b)
+        return set(run)
 
     def _free_keeper(self, index: int, parent: int | None) -> int | None:
         """A keeper with no block at ``index``: the parent block's if it is free there."""

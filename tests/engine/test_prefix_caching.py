@@ -229,11 +229,13 @@ class RecordingKeeper:
     """``BlockKeeper`` that records what the scheduler tells it; refuses some indices."""
 
     max_idle_blocks = 4
+    idle_blocks_cost_steps = True
 
     def __init__(self, refuse: set[int]) -> None:
         self.refuse = refuse
         self.kept: list[int] = []
         self.evicted: list[int] = []
+        self.demoted: list[list[int]] = []
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
         if index in self.refuse:
@@ -243,6 +245,9 @@ class RecordingKeeper:
 
     def evict(self, block: int) -> None:
         self.evicted.append(block)
+
+    def demote(self, blocks: list[int]) -> None:
+        self.demoted.append(list(blocks))
 
     def kv_pending(self, seq_id: int) -> bool:
         return False
@@ -308,3 +313,38 @@ def test_a_keeper_holds_fewer_idle_blocks_the_more_sequences_run():
 def done_table_tail(keeper: RecordingKeeper, n: int) -> list[int]:
     """The last ``n`` blocks kept, deepest first: the order an idle prompt's blocks go."""
     return keeper.kept[::-1][:n]
+
+
+def test_a_keeper_that_moves_idle_blocks_out_hears_of_them_when_a_step_runs_and_keeps_them_all():
+    """A keeper whose idle blocks cost no step (llama.cpp's host tier) keeps its whole cap
+    under load, and is told of blocks gone idle only as a step is about to run, never of
+    one a new prompt has just found."""
+    keeper = RecordingKeeper(refuse=set())  # max_idle_blocks = 4
+    keeper.idle_blocks_cost_steps = False
+    sched = Scheduler(num_blocks=32, block_size=BLOCK, max_num_seqs=8,
+                      max_num_batched_tokens=256, prefix_caching=True, keeper=keeper)
+
+    def run(seq_id: int, prompt: list[int]) -> Sequence:
+        seq = Sequence(seq_id, Request(f"r{seq_id}", prompt, SamplingParams()), 0, prompt,
+                       None)  # type: ignore[arg-type]
+        sched.add(seq)
+        for scheduled in sched.schedule():
+            scheduled.seq.num_computed_tokens += scheduled.num_tokens
+            sched.cache_blocks(scheduled.seq)
+        return seq
+
+    a = run(0, list(range(3 * BLOCK + 1)))
+    a_blocks = list(a.block_table[:3])
+    sched.remove(a)
+    assert sched.schedule() == [] and keeper.demoted == []  # nothing runs: nothing told
+    b = run(1, list(range(2 * BLOCK)) + [999] * (BLOCK + 1))  # finds a's first two blocks
+    assert keeper.demoted == [[a_blocks[2]]]  # the one it did not take
+    for i in (2, 3):
+        run(i, [i * 100 + t for t in range(2)])
+    assert len(sched.running) == 3
+    b_cached = b.block_table[:3]  # a's first two and its own full block
+    sched.remove(b)
+    sched.schedule()
+    assert sorted(keeper.demoted[-1]) == sorted(b_cached)
+    # all four cached blocks stay with three sequences running (4 // 3 would be 1)
+    assert sched.allocator.num_cached == 4 and keeper.evicted == []

@@ -1,0 +1,186 @@
+"""Cached blocks no sequence uses, kept in host memory instead of llama.cpp's cells.
+
+Why: llama.cpp's attention walks every cell up to the highest one in use, masked or not,
+and its split-KV decode kernel (one row over 512+ cells) hands that range out to its
+threads in contiguous pieces: idle cached cells inside the range make every step slower
+(one row over 900 cells of its own 8.9-10 ms, 12.3-13.1 ms with a few idle cells kept
+above them; measured 2026-11-26 on the default model), and they decide where a new
+prompt's cells go. Copied out, they cost no step and bound nothing but host memory, so many
+more prefixes stay cached than the cells could afford; a prompt that finds one gets it
+back with ``llama_state_seq_set_data`` (~15 ms for 900 tokens on the default model)
+instead of computing it.
+
+Layout: llama.cpp's sequence state (src/llama-kv-cache.cpp ``state_write``): an 8-byte
+header, one stream and its cell count, each cell's (position, 1, sequence id), ``v_trans``
+(0: flash attention's V rows) and the layer count, per layer the K rows (type, row size,
+one row a cell), per layer the V rows. A block is stored as its cells' rows of each of
+those parts, in position order; a run of blocks is written back as one state. Anything
+else (a transposed V, a second cache as sliding-window models have) is refused, and the
+runner keeps idle blocks in its cells as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HEADER = 8  # bytes before the stream count (copied from the state llama.cpp wrote)
+
+
+class StateFormatError(ValueError):
+    """A sequence state not laid out as this module reads it."""
+
+
+@dataclass
+class SeqState:
+    """One stream's cells of a sequence state, each part's rows in the cells' order."""
+
+    header: bytes
+    positions: np.ndarray  # int32 [cells]
+    kinds: list[tuple[int, int]]  # (ggml type, row bytes) of each K then V part
+    parts: list[np.ndarray]  # uint8 [cells, row bytes] each
+
+
+def parse_state(data: bytes) -> SeqState:
+    """Read a state ``llama_state_seq_get_data`` wrote for one sequence."""
+    try:
+        n_stream, cells = struct.unpack_from("<II", data, HEADER)
+        if n_stream != 1:
+            raise StateFormatError(f"{n_stream} KV streams")
+        off = HEADER + 8
+        meta = np.frombuffer(data, np.int32, 3 * cells, off).reshape(cells, 3)
+        if cells and (meta[:, 1] != 1).any():
+            raise StateFormatError("a cell of several sequences")
+        off += 12 * cells
+        v_trans, n_layer = struct.unpack_from("<II", data, off)
+        off += 8
+        if v_trans:
+            raise StateFormatError("transposed V rows (no flash attention)")
+        kinds, parts = [], []
+        for _ in range(2 * n_layer):
+            kind, row = struct.unpack_from("<iQ", data, off)
+            off += 12
+            kinds.append((kind, row))
+            parts.append(np.frombuffer(data, np.uint8, cells * row, off).reshape(cells, row))
+            off += cells * row
+    except struct.error as e:
+        raise StateFormatError(f"a state shorter than its layout ({e})") from None
+    if off != len(data):
+        raise StateFormatError(f"{len(data) - off} bytes after the layers (a second cache?)")
+    return SeqState(data[:HEADER], meta[:, 0].copy(), kinds, parts)
+
+
+def write_state(header: bytes, kinds: list[tuple[int, int]], positions: np.ndarray,
+                parts: list[np.ndarray]) -> bytes:
+    """The state of cells at ``positions`` (one sequence) with each part's rows."""
+    n = len(positions)
+    meta = np.zeros((n, 3), dtype=np.int32)
+    meta[:, 0] = positions
+    meta[:, 1] = 1
+    out = [header, struct.pack("<II", 1, n), meta.tobytes(),
+           struct.pack("<II", 0, len(kinds) // 2)]
+    for (kind, row), rows in zip(kinds, parts, strict=True):
+        out += [struct.pack("<iQ", kind, row), rows.tobytes()]
+    return b"".join(out)
+
+
+def get_state(llama_cpp: Any, ctx: Any, seq: int) -> bytes:
+    size = llama_cpp.llama_state_seq_get_size(ctx, seq)
+    buf = (ctypes.c_uint8 * size)()
+    if llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq) != size:
+        raise RuntimeError("llama.cpp did not write a sequence state")
+    return bytes(buf)
+
+
+def set_state(llama_cpp: Any, ctx: Any, seq: int, data: bytes) -> bool:
+    """False when llama.cpp has no run of consecutive free cells for it."""
+    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    return llama_cpp.llama_state_seq_set_data(ctx, buf, len(data), seq) == len(data)
+
+
+class HostBlocks:
+    """Blocks' KV rows in host memory, copied out of and back into llama.cpp's cells
+    through a scratch sequence id no one else uses."""
+
+    def __init__(self, llama_cpp: Any, ctx: Any, memory: Any, block_size: int,
+                 scratch: int) -> None:
+        self.lib = llama_cpp
+        self.ctx = ctx
+        self.memory = memory
+        self.block_size = block_size
+        self.scratch = scratch
+        self.nbytes = 0
+        self._rows: dict[int, list[np.ndarray]] = {}  # block -> each part's [bs, row]
+        self._header = b""
+        self._kinds: list[tuple[int, int]] = []
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._rows
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rows)
+
+    def copy_out(self, ranges: list[tuple[int, int, int]]) -> None:
+        """Copy blocks out of the cells of the sequences holding them: ``(block, seq,
+        index)`` each, at most one block an index (llama.cpp's state holds no sequence
+        id, only positions). Raises ``StateFormatError`` (nothing stored) on a layout this
+        module does not read."""
+        bs, lib = self.block_size, self.lib
+        if not ranges:
+            return
+        for _, seq, index in ranges:
+            lib.llama_memory_seq_cp(self.memory, seq, self.scratch, index * bs,
+                                    (index + 1) * bs)
+        try:
+            state = parse_state(get_state(lib, self.ctx, self.scratch))
+        finally:
+            lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
+        order = np.argsort(state.positions, kind="stable")
+        positions = state.positions[order]
+        if len(positions) != bs * len(ranges):
+            raise StateFormatError(f"{len(positions)} cells for {len(ranges)} blocks")
+        self._header, self._kinds = state.header, state.kinds
+        at = {index: block for block, _, index in ranges}
+        for start in range(0, len(positions), bs):
+            block = at[int(positions[start]) // bs]
+            rows = [np.ascontiguousarray(p[order[start:start + bs]]) for p in state.parts]
+            self._rows[block] = rows
+            self.nbytes += sum(r.nbytes for r in rows)
+
+    def copy_in(self, blocks: list[int], first_index: int,
+                place: Callable[[int, int], None]) -> None:
+        """Write ``blocks`` (consecutive indices from ``first_index``) back into cells of
+        the scratch sequence and call ``place(p0, p1)`` for each position range written, to
+        ``seq_cp`` them where they belong before the next range replaces them. llama.cpp
+        writes a state into one run of consecutive free cells: a run it has no room for is
+        halved until it fits (one cell always does: the scheduler accounts for them)."""
+        bs = self.block_size
+        parts = [np.concatenate([self._rows[b][i] for b in blocks])
+                 for i in range(len(self._kinds))]
+        pending = [(0, len(blocks) * bs)]
+        try:
+            while pending:
+                lo, hi = pending.pop()
+                positions = np.arange(first_index * bs + lo, first_index * bs + hi,
+                                      dtype=np.int32)
+                data = write_state(self._header, self._kinds, positions,
+                                   [p[lo:hi] for p in parts])
+                if set_state(self.lib, self.ctx, self.scratch, data):
+                    place(int(positions[0]), int(positions[-1]) + 1)
+                elif hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    pending += [(mid, hi), (lo, mid)]
+                else:
+                    raise RuntimeError("llama.cpp has no free cell for a cached block")
+        finally:
+            self.lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
+
+    def drop(self, block: int) -> None:
+        rows = self._rows.pop(block, None)
+        if rows is not None:
+            self.nbytes -= sum(r.nbytes for r in rows)
