@@ -50,7 +50,14 @@ class BlockKeeper(Protocol):
     max_idle_blocks: int
 
     @property
-    def idle_blocks_cost_steps(self) -> bool: ...
+    def idle_blocks_cost_steps(self) -> bool:
+        """Whether idle blocks stay in the runner's cache, where each costs every step."""
+        ...
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory holding blocks' KV outside the runner's cache (metrics)."""
+        ...
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
         """Keep the KV of ``block_table[index]``, computed by sequence ``seq_id``; False
@@ -88,13 +95,15 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, caching: bool = False,
                  on_evict: Callable[[int], None] | None = None,
-                 max_evictable: int | None = None) -> None:
+                 max_evictable: int | None = None, track_idle: bool = False) -> None:
         """``on_evict``: told each time a cached block's content is dropped;
-        ``max_evictable``: most cached blocks nobody holds (None: all free blocks)."""
+        ``max_evictable``: most cached blocks nobody holds (None: all free blocks);
+        ``track_idle``: remember blocks gone idle for ``take_idle``."""
         self.num_blocks = num_blocks
         self.caching = caching
         self.on_evict = on_evict
         self.max_evictable = max_evictable
+        self.track_idle = track_idle
         self._free = list(range(num_blocks - 1, -1, -1))  # never used or content dropped
         self._refs = [0] * num_blocks
         self._hash_of: dict[int, bytes] = {}
@@ -142,7 +151,8 @@ class BlockAllocator:
             if self._refs[b] == 0:
                 if b in self._hash_of:
                     self._evictable[b] = None
-                    self._newly_idle[b] = None
+                    if self.track_idle:
+                        self._newly_idle[b] = None
                 else:
                     self._free.append(b)
         blocks.clear()

@@ -394,5 +394,7 @@ class LLMEngine:
                            prefix_cache_queries=alloc.stats.queries,
                            prefix_cache_hits=alloc.stats.hits,
                            prefix_cache_blocks=alloc.num_cached,
+                           prefix_cache_host_bytes=(self.scheduler.keeper.host_bytes
+                                                    if self.scheduler.keeper else 0),
                            num_adapter_waiting=(self.adapters.waiting
                                                 if self.adapters is not None else 0))

@@ -133,7 +133,8 @@ class EngineStats:
     spec: SpecStats = field(default_factory=SpecStats)  # zeros when it does not speculate
     prefix_cache_queries: int = 0  # prompt tokens looked up (vLLM's units)
     prefix_cache_hits: int = 0  # prompt tokens found cached
-    prefix_cache_blocks: int = 0  # blocks findable now  # zeros when it does not speculate
+    prefix_cache_blocks: int = 0  # blocks findable now
+    prefix_cache_host_bytes: int = 0  # idle cached blocks' KV in host memory (llama.cpp)
     # requests (not sequences) with a sequence running / with every sequence waiting
     num_requests_running: int = 0
     num_requests_waiting: int = 0

@@ -81,7 +81,8 @@ class Scheduler:
         self.allocator = BlockAllocator(
             num_blocks, caching=prefix_caching,
             on_evict=self.keeper.evict if self.keeper else None,
-            max_evictable=self.keeper.max_idle_blocks if self.keeper else None)
+            max_evictable=self.keeper.max_idle_blocks if self.keeper else None,
+            track_idle=self.keeper is not None)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

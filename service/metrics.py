@@ -173,6 +173,9 @@ _ENGINE_METRICS: list[tuple[Callable[..., Metric], str, str, Callable[[EngineSta
      "prefix_cache_hits)", lambda s: s.prefix_cache_hits),
     (_G, "genserve_prefix_cache_blocks", "KV blocks the prefix cache can find now",
      lambda s: s.prefix_cache_blocks),
+    (_G, "genserve_prefix_cache_host_bytes", "host memory holding the KV of cached blocks "
+     "no request is using (llama.cpp runner, --prefix-cache-host-memory)",
+     lambda s: s.prefix_cache_host_bytes),
     (_C, "genserve_preemptions", "sequences preempted (recomputed later) for lack of KV "
      "blocks", lambda s: s.num_preemptions),
     (_C, "genserve_spec_steps", "engine steps that speculated (one verification pass each)",

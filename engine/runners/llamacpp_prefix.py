@@ -80,6 +80,10 @@ class CellKeeper:
         return len(self._where.keys() | set(self.host or ()))
 
     @property
+    def host_bytes(self) -> int:
+        return self.host.nbytes if self.host is not None else 0
+
+    @property
     def idle_blocks_cost_steps(self) -> bool:
         """Whether idle blocks stay in llama.cpp's cells (see ``BlockKeeper``)."""
         return self.host is None

@@ -230,6 +230,7 @@ class RecordingKeeper:
 
     max_idle_blocks = 4
     idle_blocks_cost_steps = True
+    host_bytes = 0
 
     def __init__(self, refuse: set[int]) -> None:
         self.refuse = refuse
