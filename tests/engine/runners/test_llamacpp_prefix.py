@@ -109,3 +109,84 @@ def test_a_block_with_no_keeper_free_at_its_index_is_not_kept():
     assert cells.cells == before and k.num_kept == 2
     k.evict(100)
     assert k.keep(2, [102], 0)  # room again
+
+
+# ---- idle blocks in host memory ------------------------------------------------------
+
+SCRATCH = 99
+
+
+class Host:
+    """``HostBlocks`` on the model of cells: a block's "rows" are the cells' positions it
+    held; written back, they become new cells of the scratch sequence, placed in pieces of
+    at most ``piece`` positions (llama.cpp finding no longer run of free cells)."""
+
+    def __init__(self, cells: Cells, piece: int = 1 << 30) -> None:
+        self.cells, self.piece, self.scratch = cells, piece, SCRATCH
+        self.nbytes = 0
+        self._rows: dict[int, list[int]] = {}
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._rows
+
+    def __iter__(self):
+        return iter(self._rows)
+
+    def copy_out(self, ranges: list[tuple[int, int, int]]) -> None:
+        for block, seq, index in ranges:
+            held = self.cells.held(seq)
+            self._rows[block] = [p for p in range(index * BS, (index + 1) * BS) if p in held]
+            assert len(self._rows[block]) == BS
+
+    def copy_in(self, blocks: list[int], first_index: int, place) -> None:
+        positions = [p for b in blocks for p in self._rows[b]]
+        assert positions == list(range(first_index * BS, first_index * BS + len(positions)))
+        for i in range(0, len(positions), self.piece):
+            self.cells.llama_memory_seq_rm(None, SCRATCH, -1, -1)
+            piece = positions[i:i + self.piece]
+            self.cells.decode(SCRATCH, range(piece[0], piece[-1] + 1))
+            place(piece[0], piece[-1] + 1)
+        self.cells.llama_memory_seq_rm(None, SCRATCH, -1, -1)
+
+    def drop(self, block: int) -> None:
+        self._rows.pop(block, None)
+
+
+def host_keeper(cells: Cells, slots: dict[int, int], keepers: range = KEEPERS,
+                piece: int = 1 << 30) -> CellKeeper:
+    return CellKeeper(cells, None, BS, keepers, slots.get,
+                      host=Host(cells, piece), host_blocks=64)  # type: ignore[arg-type]
+
+
+def test_idle_blocks_leave_the_cells_and_a_hit_gets_them_back_from_host_memory():
+    cells, slots = Cells(), {7: 0}
+    k = host_keeper(cells, slots)
+    assert not k.idle_blocks_cost_steps and k.max_idle_blocks == 64
+    compute(cells, k, 7, 0, [5, 6, 8])
+    cells.llama_memory_seq_rm(None, 0, -1, -1)  # the sequence finishes
+    k.demote([6, 8])  # block 5 is still someone's: it stays in its keeper's cells
+    assert sorted(p for p, _ in cells.cells.values()) == list(range(BS))
+    assert set(k.host) == {6, 8} and k.num_kept == 3
+    k.share([5, 6, 8], dst=1)
+    assert sorted(cells.held(1)) == list(range(3 * BS))  # one cell a position, none missing
+    assert set(k.host) == set()  # back in a keeper each: the host copies went
+    cells.llama_memory_seq_rm(None, 1, -1, -1)
+    for b in (5, 6, 8):
+        k.evict(b)
+    assert cells.cells == {}  # every kept cell freed
+
+
+def test_a_run_written_back_in_pieces_and_a_block_with_no_keeper_free_stays_in_host_memory():
+    cells, slots = Cells(), {1: 0, 2: 1}
+    k = host_keeper(cells, slots, keepers=range(10, 11), piece=3)  # one keeper
+    compute(cells, k, 1, 0, [10, 11])
+    cells.llama_memory_seq_rm(None, 0, -1, -1)
+    k.demote([10, 11])
+    compute(cells, k, 2, 1, [20])  # another prompt's block takes the keeper at index 0
+    k.share([10, 11], dst=2)  # pieces of 3 positions: 4 writes for 8 positions
+    assert sorted(cells.held(2)) == list(range(2 * BS))
+    assert 10 in k.host and 11 not in k.host  # index 0 had no keeper free: kept in host
+    cells.llama_memory_seq_rm(None, 2, -1, -1)
+    k.share([10, 11], dst=3)  # found again: 10 from host memory, 11 from its keeper
+    assert sorted(cells.held(3)) == list(range(2 * BS))
+    assert cells.held(SCRATCH) == {}

@@ -130,6 +130,37 @@ def test_idle_cached_blocks_go_to_host_memory_and_come_back_bit_exact(engine, ll
             _rows_of(kept, b, lc, ctx, parse_state, get_state), rows[b], strict=True))
 
 
+def test_a_run_llama_cpp_has_no_room_for_is_written_back_in_pieces(engine, llama):
+    """llama.cpp restores a state into one run of consecutive free cells; where it refuses a
+    run, the keeper halves it until it fits, and the output is the same."""
+    kept = engine.runner.block_keeper
+    host = kept.host
+    ids = engine.tokenizer("A customer asks about drills and saws. " * 6 + QUESTIONS[2])[
+        "input_ids"]
+    first, _ = generate(engine, "p1", ids)
+    generate(engine, "p-other", engine.tokenizer("Tell me about rope.")["input_ids"], 4)
+    writes: list[int] = []
+    real = host.lib
+
+    class Cramped:  # llama.cpp with no run of free cells longer than 5
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def llama_state_seq_set_data(self, ctx, buf, size, seq):
+            cells = int.from_bytes(bytes(buf[12:16]), "little")
+            writes.append(cells)
+            return 0 if cells > 5 else real.llama_state_seq_set_data(ctx, buf, size, seq)
+
+    host.lib = Cramped()
+    try:
+        again, cached = generate(engine, "p2", ids)
+    finally:
+        host.lib = real
+    bs = engine.config.block_size
+    assert cached >= 2 * bs and again == first == llama(ids)
+    assert sum(n for n in writes if n <= 5) == cached  # every cached position, in pieces
+
+
 def _hashes(engine: LLMEngine, ids: list[int]) -> list[bytes]:
     from engine.kv_cache import block_hash, root_hash
 
