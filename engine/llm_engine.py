@@ -30,7 +30,7 @@ from engine.runners.base import Runner
 from engine.runners.select import create_runner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.sampling_rows import greedy_rows, plain_greedy, sampling_rows
+from engine.sampling_rows import greedy_rows, sampling_rows
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, SeqStatus, Sequence
 from engine.speculation import SpeculatorFactory
@@ -302,7 +302,8 @@ class LLMEngine:
         spec = [i for i, e in enumerate(entries) if e.proposals]
         if plain:
             rows = [entries[i].rows.start for i in plain]
-            if all(plain_greedy(entries[i].seq.request.params) for i in plain):
+            if all(p.greedy and not p.penalized
+                   for p in (entries[i].seq.request.params for i in plain)):
                 tokens = greedy_rows(rows, views, logits, self._eos)
             else:
                 meta, sub = sampling_rows(rows, views, logits, self._eos)

@@ -95,9 +95,8 @@ class SamplingMetadata:
             output_token_ids=output_token_ids, banned_token_ids=banned_token_ids,
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
             need_logprobs=any(p.logprobs or p.top_logprobs > 0 for p in params),
-            all_greedy=all(p.temperature == 0 for p in params),
-            no_penalties=all(p.repetition_penalty == 1 and p.presence_penalty == 0
-                             and p.frequency_penalty == 0 for p in params),
+            all_greedy=all(p.greedy for p in params),
+            no_penalties=not any(p.penalized for p in params),
             no_top_filters=all(p.top_k == 0 and p.top_p == 1 and p.min_p == 0
                                and p.typical_p == 1 for p in params),
         )

@@ -131,5 +131,16 @@ class SamplingParams:
                                  f"a factory with create()/release(), got {type(p).__name__}")
 
     @property
+    def greedy(self) -> bool:
+        """Argmax decoding (a temperature under ``GREEDY_BELOW_TEMPERATURE`` is stored as 0)."""
+        return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Any of the repetition / presence / frequency penalties set."""
+        return (self.repetition_penalty != 1 or self.presence_penalty != 0
+                or self.frequency_penalty != 0)
+
+    @property
     def max_stop_len(self) -> int:
         return max((len(s) for s in self.stop), default=0)

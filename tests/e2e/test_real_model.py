@@ -76,13 +76,11 @@ def test_greedy_equals_hf_generate_with_continuous_batching(engine, prompt_ids, 
 def real_server(engine):
     # Reuse the loaded weights: a second engine would load the GGUF again (~20 s).
     import asyncio
-    import threading
 
     from service.server import GenServer, ServerConfig
+    from tests.service.conftest import new_loop
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    loop, thread = new_loop()
 
     async def boot():
         server = GenServer(ServerConfig(host="127.0.0.1", port=0, compile_decode_step=False),

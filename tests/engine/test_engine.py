@@ -266,7 +266,6 @@ def test_greedy_steps_take_the_argmax_without_the_samplers_metadata(tiny_model_d
                                                                     monkeypatch):
     """A step whose rows are all greedy with no penalties picks each row's argmax over its
     non-banned ids directly; the tokens equal the sampler's (min-new-tokens bans included)."""
-    import engine.llm_engine as llm_engine
     from engine.sampler import SamplingMetadata
 
     engine = make_engine(tiny_model_dir)
@@ -282,8 +281,8 @@ def test_greedy_steps_take_the_argmax_without_the_samplers_metadata(tiny_model_d
     with monkeypatch.context() as m:
         m.setattr(SamplingMetadata, "build", no_metadata)
         fast = run_to_completion(engine, arrivals)
-    with monkeypatch.context() as m:
-        m.setattr(llm_engine, "plain_greedy", lambda params: False)
+    with monkeypatch.context() as m:  # the sampler's path, its penalties at no-ops
+        m.setattr(SamplingParams, "penalized", property(lambda self: True))
         sampler = run_to_completion(engine, arrivals)
     assert {k: v[0].token_ids for k, v in fast.items()} == \
         {k: v[0].token_ids for k, v in sampler.items()}

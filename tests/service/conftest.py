@@ -54,9 +54,17 @@ def wait_until(pred, timeout: float = 10.0) -> bool:
 
 
 def new_loop() -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
-    """An event loop in a daemon thread: the server runs there, the test calls it."""
+    """An event loop in a daemon thread: the server runs there, the test calls it. Once
+    stopped (``loop.stop``) the thread closes it, so no test leaves its selector open."""
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
+
+    def run() -> None:
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return loop, thread
 
