@@ -30,7 +30,6 @@ over, its blocks are not cached for prefix caching (``kv_pending``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import struct
 import time
@@ -39,6 +38,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from engine.runners.llamacpp_host_blocks import get_state, set_state
 
 log = logging.getLogger(__name__)
 
@@ -127,17 +128,11 @@ class TorchPrefill:
 
 
 def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: bytes) -> None:
-    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-    if llama_cpp.llama_state_seq_set_data(ctx, buf, len(data), slot) != len(data):
+    if not set_state(llama_cpp, ctx, slot, data):
         raise RuntimeError(f"llama.cpp did not take a handed-over KV of {len(data)} bytes")
 
 
-def get_seq_state(llama_cpp: Any, ctx: Any, slot: int) -> bytes:
-    size = llama_cpp.llama_state_seq_get_size(ctx, slot)
-    buf = (ctypes.c_uint8 * size)()
-    if llama_cpp.llama_state_seq_get_data(ctx, buf, size, slot) != size:
-        raise RuntimeError("llama.cpp did not write a sequence state")
-    return bytes(buf)
+get_seq_state = get_state
 
 
 def load_torch_prefill(source: Any, threads: int, rope_pairs: bool) -> TorchPrefill:
