@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.runners.llamacpp_host_blocks import get_state, set_state
+from engine.runners.llamacpp_host_blocks import get_state, set_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -103,24 +103,18 @@ class TorchPrefill:
         0), its HF cache dropped."""
         layers = self._caches.pop(seq_id).layers
         n = layers[0].keys.shape[2]
-        meta = np.zeros((n, 3), dtype=np.int32)  # position, n_seq_id 1, seq id 0
-        meta[:, 0] = np.arange(n)
-        meta[:, 1] = 1
-        parts = [self.header, struct.pack("<II", 1, n), meta.tobytes(),
-                 struct.pack("<II", 0, len(layers))]
         ks, vs = [], []
         for layer in layers:
             k = layer.keys[0].transpose(0, 1)  # [n, kv heads, head dim]
             if self.rope_pairs:  # HF's halves -> llama.cpp's pairs, per head
                 d = k.shape[-1]
                 k = k.reshape(n, self.kv_heads, 2, d // 2).transpose(-1, -2)
-            ks.append(k.reshape(n, -1).to(torch.float16).numpy().tobytes())
+            ks.append(k.reshape(n, -1).to(torch.float16).numpy().view(np.uint8))
             vs.append(layer.values[0].transpose(0, 1).reshape(n, -1)
-                      .to(torch.float16).numpy().tobytes())
-        for rows in (ks, vs):
-            for r in rows:
-                parts += [struct.pack("<iQ", F16, len(r) // n), r]
-        return b"".join(parts)
+                      .to(torch.float16).numpy().view(np.uint8))
+        parts = ks + vs
+        return write_state(self.header, [(F16, p.shape[1]) for p in parts],
+                           np.arange(n, dtype=np.int32), parts)
 
     def drop(self, seq_id: int) -> None:
         self._caches.pop(seq_id, None)

@@ -63,6 +63,7 @@ class CellKeeper:
         ``pending``: whether a sequence's KV is still being computed outside llama.cpp;
         ``host``: where idle blocks go, ``host_blocks`` of them at most."""
         self.host = host
+        self.demoting = host is not None  # off if llama.cpp's state is not as expected
         self.max_idle_blocks = host_blocks if host else max(1, max_idle_cells // block_size)
         self._cell_idle_blocks = max(1, max_idle_cells // block_size)
         self.lib = llama_cpp
@@ -86,7 +87,7 @@ class CellKeeper:
     @property
     def idle_blocks_cost_steps(self) -> bool:
         """Whether idle blocks stay in llama.cpp's cells (see ``BlockKeeper``)."""
-        return self.host is None
+        return not self.demoting
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
         src = self.slot_of(seq_id)
@@ -97,9 +98,12 @@ class CellKeeper:
             return False
         bs = self.block_size
         self.lib.llama_memory_seq_cp(self.memory, src, keeper, index * bs, (index + 1) * bs)
-        self._where[block_table[index]] = (keeper, index)
-        self._used_at.setdefault(index, set()).add(keeper)
+        self._hold(block_table[index], keeper, index)
         return True
+
+    def _hold(self, block: int, keeper: int, index: int) -> None:
+        self._where[block] = (keeper, index)
+        self._used_at.setdefault(index, set()).add(keeper)
 
     def evict(self, block: int) -> None:
         if self.host is not None:
@@ -118,7 +122,7 @@ class CellKeeper:
     def demote(self, blocks: list[int]) -> None:
         """``blocks`` are idle (cached, held by no sequence) and a step is about to run:
         with a host tier their rows move to host memory and their cells are freed."""
-        if self.host is None:
+        if self.host is None or not self.demoting:
             return
         by_keeper: dict[int, list[tuple[int, int, int]]] = {}
         for b in blocks:
@@ -131,7 +135,7 @@ class CellKeeper:
             except StateFormatError as e:
                 log.warning("llama.cpp runner: idle cached blocks stay in llama.cpp's cells "
                             "(its sequence state is not laid out as expected: %s)", e)
-                self.host = None
+                self.demoting = False
                 self.max_idle_blocks = self._cell_idle_blocks
                 return
             for block, _, index in ranges:
@@ -176,8 +180,7 @@ class CellKeeper:
             keeper = self._free_keeper(i, blocks[i - 1] if i else None)
             homes.append(keeper)
             if keeper is not None:  # taken now, so the next block's parent finds it
-                self._where[b] = (keeper, i)
-                self._used_at.setdefault(i, set()).add(keeper)
+                self._hold(b, keeper, i)
         scratch = self.host.scratch
 
         def place(p0: int, p1: int) -> None:
