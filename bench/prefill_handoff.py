@@ -32,7 +32,8 @@ from bench.llamacpp import gguf_path
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
-from engine.runners.llamacpp_handoff import TorchPrefill, get_seq_state, set_seq_state
+from engine.runners.llamacpp_handoff import TorchPrefill, set_seq_state
+from engine.runners.llamacpp_host_blocks import HEADER, get_state
 
 
 class LlamaSeq:
@@ -81,9 +82,9 @@ class LlamaSeq:
         """The bytes llama.cpp writes before the stream count (magic and version): a
         one-token state's first 8 bytes, followed by stream count 1 and cell count 1."""
         self.prefill([1])
-        data = get_seq_state(self.lib, self.ctx, 0)
-        assert struct.unpack_from("<II", data, 8) == (1, 1), data[:16].hex()
-        return data[:8]
+        data = get_state(self.lib, self.ctx, 0)
+        assert struct.unpack_from("<II", data, HEADER) == (1, 1), data[:16].hex()
+        return data[:HEADER]
 
 
 def torch_prefill(prefill: TorchPrefill, ids: list[int]) -> tuple[bytes, np.ndarray, float]:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.runners.llamacpp_host_blocks import get_state, set_state, write_state
+from engine.runners.llamacpp_host_blocks import HEADER, get_state, set_state, write_state
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,6 @@ def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: bytes) -> None:
         raise RuntimeError(f"llama.cpp did not take a handed-over KV of {len(data)} bytes")
 
 
-get_seq_state = get_state
-
 
 def load_torch_prefill(source: Any, threads: int, rope_pairs: bool) -> TorchPrefill:
     """The model from the weights cache in bf16 with SDPA attention (raises what loading
@@ -151,10 +149,10 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
         own = runner._decode(list(token_ids) + [nxt], list(range(n + 1)), [0] * (n + 1),
                              [n]).clone()
         lc.llama_memory_seq_rm(memory, 0, n, -1)
-        data = get_seq_state(lc, ctx, 0)
-        if struct.unpack_from("<II", data, 8) != (1, n):
+        data = get_state(lc, ctx, 0)
+        if struct.unpack_from("<II", data, HEADER) != (1, n):
             return f"llama.cpp's sequence state starts {data[:16].hex()}, not as expected"
-        prefill.header = data[:8]
+        prefill.header = data[:HEADER]
         prefill.run(-1, token_ids, 0, 1)
         ours = prefill.state(-1)
         if len(ours) != len(data):
