@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
+from engine.runners.torch import triton_decode
 from engine.runners.torch.kv_tensors import KVCache
 
 ATTN_NAME = "genserve_paged"
@@ -112,6 +113,7 @@ class StaticDecode:
     slot_mapping: torch.Tensor  # [B]
     block_tables: torch.Tensor  # [B, W] long
     seq_lens: torch.Tensor  # [B] long, >= 1 (padded rows attend to the scratch slot)
+    kernel: bool = False  # attend with triton_decode's paged kernel instead of gather + SDPA
 
 
 @dataclass
@@ -324,6 +326,14 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 def _static_decode(meta: StaticDecode, layer: int, query: torch.Tensor, key: torch.Tensor,
                    value: torch.Tensor, scaling: float | None, window: int | None = None,
                    softcap: float | None = None) -> torch.Tensor:
+    if meta.kernel:  # CUDA: one Triton kernel reads the blocks in place (triton_decode.py)
+        k_cache, v_cache = meta.kv_cache.key[layer], meta.kv_cache.value[layer]
+        triton_decode.write_kv_cache(k_cache, v_cache, meta.slot_mapping, key, value)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = triton_decode.paged_decode(query[0].transpose(0, 1), k_cache, v_cache,
+                                         meta.block_tables, meta.seq_lens, scale, window,
+                                         softcap)
+        return out.unsqueeze(0)
     k_cache, v_cache = _write_cache(meta.kv_cache, layer, meta.slot_mapping, key, value)
     width = meta.block_tables.shape[1] * k_cache.shape[1]
     mask = torch.arange(width, device=query.device)[None, :] < meta.seq_lens[:, None]

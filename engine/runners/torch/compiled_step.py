@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from engine.runners.base import BuildReport, WarmupReport
+from engine.runners.torch import triton_decode
 from engine.runners.torch.attention import OpaqueDecode, StaticDecode, forward_context
 from engine.runners.torch.decode_inputs import (
     DecodeInputs,
@@ -270,6 +271,13 @@ class DecodeGraphs:
         capture (their slot masks are captured per row bucket)."""
         return self.compile_cuda and self.lora is None
 
+    def _paged_kernel(self) -> bool:
+        """Attend with the Triton paged-decode kernel where it applies (CUDA, Triton
+        present, power-of-two head shapes); otherwise the gather + SDPA path."""
+        spec = self.kv_cache.spec
+        return (triton_decode.enabled(self.device)
+                and triton_decode.supports(spec.num_kv_heads, spec.head_dim))
+
     def _compiled_forward(self) -> Any:
         if self._compiled is None:
             from engine.runners.torch.piecewise import piecewise_backend
@@ -330,7 +338,7 @@ class DecodeGraphs:
             for t in (static.input_ids, static.positions):
                 torch._dynamo.mark_dynamic(t, 1, min=2, max=max(max_rows, 2))
         meta = StaticDecode(self.kv_cache, static.slot_mapping, static.block_tables,
-                            static.seq_lens)
+                            static.seq_lens, kernel=self._paged_kernel())
         model, lora = self.model, self.lora
         compiled = self._compiled_forward() if self._inductor_on_cuda() else None
 
