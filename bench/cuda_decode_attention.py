@@ -23,7 +23,8 @@ from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
 ACCURACY_CASES = [  # rows, heads, kv heads, head dim, block size, table width, window, softcap
     (1, 32, 8, 128, 16, 16, None, None), (1, 32, 8, 128, 16, 256, None, None),
     (64, 32, 8, 128, 16, 64, None, None), (7, 16, 4, 64, 16, 40, 100, 50.0),
-    (3, 8, 8, 256, 16, 20, None, 30.0),
+    (3, 8, 8, 256, 16, 20, None, 30.0), (2, 9, 3, 64, 16, 30, None, None),
+    (4, 32, 32, 96, 16, 24, 50, None),  # SmolLM2's 3 KV heads; Phi-3's head size 96
 ]
 
 

@@ -273,10 +273,11 @@ class DecodeGraphs:
 
     def _paged_kernel(self) -> bool:
         """Attend with the Triton paged-decode kernel where it applies (CUDA, Triton
-        present, power-of-two head shapes); otherwise the gather + SDPA path."""
+        present, head size up to 256, the kernel checked on this device); otherwise
+        the gather + SDPA path."""
         spec = self.kv_cache.spec
-        return (triton_decode.enabled(self.device)
-                and triton_decode.supports(spec.num_kv_heads, spec.head_dim))
+        return triton_decode.enabled(self.device, spec.dtype, spec.num_kv_heads,
+                                     spec.head_dim)
 
     def _compiled_forward(self) -> Any:
         if self._compiled is None:

@@ -43,14 +43,16 @@ def _rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-@pytest.mark.parametrize("rows,heads,kv_heads,width", [
-    (1, 8, 2, 4),  # GQA, one split
-    (3, 4, 4, 40),  # MHA, context split in several programs
-    (2, 12, 4, 24),  # a group of 3 query heads (padded to the dot's 16 rows)
+@pytest.mark.parametrize("rows,heads,kv_heads,head_dim,width", [
+    (1, 8, 2, 32, 4),  # GQA, one split
+    (3, 4, 4, 32, 40),  # MHA, context split in several programs
+    (2, 12, 4, 32, 24),  # a group of 3 query heads (padded to the dot's 16 rows)
+    (2, 9, 3, 24, 20),  # 3 KV heads and a head size that is not a power of two
 ])
-def test_kernel_equals_gather_and_sdpa_in_float32(rows, heads, kv_heads, width):
-    q, k, v, tables, seq_lens = _case(rows, heads, kv_heads, 32, 16, width, torch.float32)
-    out = triton_decode.paged_decode(q, k, v, tables, seq_lens, 32 ** -0.5)
+def test_kernel_equals_gather_and_sdpa_in_float32(rows, heads, kv_heads, head_dim, width):
+    q, k, v, tables, seq_lens = _case(rows, heads, kv_heads, head_dim, 16, width,
+                                      torch.float32)
+    out = triton_decode.paged_decode(q, k, v, tables, seq_lens, head_dim ** -0.5)
     assert out.shape == q.shape and out.is_contiguous()
     assert _rel_err(out, _reference(q, k, v, tables, seq_lens)) < 5e-6
 
@@ -87,14 +89,16 @@ def test_split_count_fills_the_gpu_only_when_rows_do_not():
     assert triton_decode.num_splits(128, 8, 4096) == 1
 
 
-def test_write_kv_cache_fills_each_tokens_slot():
-    cache_k = torch.zeros(4, 16, 2, 32)
-    cache_v = torch.zeros(4, 16, 2, 32)
-    key = torch.randn(1, 3, 2, 32).transpose(1, 2)  # [1, KVH, T, D], strided like HF's
-    value = torch.randn(1, 2, 3, 32)
+@pytest.mark.parametrize("kv_heads,head_dim", [(2, 32), (3, 24)])
+def test_write_kv_cache_fills_each_tokens_slot(kv_heads, head_dim):
+    cache_k = torch.zeros(4, 16, kv_heads, head_dim)
+    cache_v = torch.zeros(4, 16, kv_heads, head_dim)
+    key = torch.randn(1, 3, kv_heads, head_dim).transpose(1, 2)  # [1, KVH, T, D] like HF's
+    value = torch.randn(1, kv_heads, 3, head_dim)
     slots = torch.tensor([5, 40, 63])
     triton_decode.write_kv_cache(cache_k, cache_v, slots, key, value)
-    flat_k, flat_v = cache_k.view(-1, 2, 32), cache_v.view(-1, 2, 32)
+    flat_k = cache_k.view(-1, kv_heads, head_dim)
+    flat_v = cache_v.view(-1, kv_heads, head_dim)
     torch.testing.assert_close(flat_k[slots], key[0].transpose(0, 1), rtol=0, atol=0)
     torch.testing.assert_close(flat_v[slots], value[0].transpose(0, 1), rtol=0, atol=0)
     assert flat_k.abs().sum(-1).sum(-1).nonzero().flatten().tolist() == [5, 40, 63]
@@ -124,3 +128,33 @@ def test_static_decode_step_with_kernel_equals_gather_path():
     (ref, ref_k, ref_v), (out, k, v) = outs
     assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_device_check_accepts_a_working_kernel():
+    triton_decode._passes_check.cache_clear()
+    assert triton_decode._passes_check(torch.device("cpu"), torch.float32, 2, 32)
+
+
+def test_device_check_refuses_a_kernel_that_fails_or_computes_wrongly(monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this GPU")
+
+    for fake, said in ((broken, "unavailable"),
+                       (lambda q, *a, **k: torch.zeros_like(q), "disagrees")):
+        monkeypatch.setattr(triton_decode, "paged_decode", fake)
+        triton_decode._passes_check.cache_clear()
+        with caplog.at_level("WARNING"):
+            assert not triton_decode._passes_check(torch.device("cpu"), torch.float32, 2, 32)
+        assert said in caplog.text and "gather + SDPA" in caplog.text
+    triton_decode._passes_check.cache_clear()
+
+
+def test_kernel_is_for_cuda_and_heads_up_to_256(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not triton_decode.enabled(cpu, torch.float32, 2, 32)
+    monkeypatch.setattr(triton_decode, "_passes_check", lambda *a: True)
+    assert triton_decode.enabled(cuda, torch.bfloat16, 8, 128)
+    assert triton_decode.enabled(cuda, torch.bfloat16, 3, 96)  # SmolLM2's 3, Phi-3's 96
+    assert not triton_decode.enabled(cuda, torch.bfloat16, 8, 512)
+    monkeypatch.setenv("GENSERVE_DECODE_ATTENTION", "sdpa")
+    assert not triton_decode.enabled(cuda, torch.bfloat16, 8, 128)
