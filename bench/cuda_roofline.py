@@ -98,6 +98,32 @@ def engine_decode_tok_s(engine: LLMEngine, new: int) -> float:
     return (new - produced) / (time.perf_counter() - t0)
 
 
+def graph_step_ms(engine: LLMEngine, reps: int = 100) -> float | None:
+    """The batch-1 CUDA graph replayed back to back (inputs copied in, no host work
+    between steps): what a step costs the GPU. Its gap to ``1 / engine_decode_tok_s`` is
+    the time the GPU waits on the host each token. None without CUDA graphs."""
+    from engine.runners.torch.decode_inputs import build_decode_inputs
+
+    graphs = torch_runner(engine.runner).decode_graphs
+    if graphs is None or graphs.device.type != "cuda" or not graphs.covers(1):
+        return None
+    key = min((k for k in graphs._cuda_steps if k[0] == 1), default=None)
+    if key is None:
+        return None
+    step = graphs._cuda_steps[key]
+    inputs = build_decode_inputs([], graphs.block_size, graphs.scratch_block, graphs.device,
+                                 pad_to=1, width=key[1])
+    with torch.inference_mode():
+        for _ in range(5):
+            step(inputs)
+        sync(graphs.device)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            step(inputs)
+        sync(graphs.device)
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
 def hf_decode_tok_s(engine: LLMEngine, new: int) -> float:
     """HF ``generate`` batch 1: (new - 1) tokens over (total - time of a 1-token run)."""
     model = torch_runner(engine.runner).model
@@ -179,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     with stock_transformers(hf_model):
         hf_static(engine, 4, 8)
     b1 = [engine_decode_tok_s(engine, new) for _ in range(3)]
+    replay_ms = graph_step_ms(engine)
     with stock_transformers(hf_model):
         hf_b1 = [hf_decode_tok_s(engine, new) for _ in range(2)]
     ours64, hf64 = [], []
@@ -210,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         "build_s": build_s, "load_s": load_s, "warmup_s": warm_s, "graphs": warm.ready,
         "copy_bandwidth_gb_s": bw / 1e9, "weight_bytes_per_token": wbytes,
         "roofline_tok_s": roofline, "b1_tok_s": b1, "b1_fraction": med(b1) / roofline,
+        "b1_step_ms": 1e3 / med(b1), "b1_graph_replay_ms": replay_ms,
         "hf_b1_tok_s": hf_b1, f"batch{args.batch}_tok_s": ours64,
         f"hf_static{args.batch}_tok_s": hf64,
         f"batch{args.batch}_x_hf": med(ours64) / med(hf64),
