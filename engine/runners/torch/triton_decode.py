@@ -33,10 +33,12 @@ _TARGET_PROGRAMS = 528  # ~4 per multiprocessor of an H100/H200: enough to fill 
 def enabled(device: torch.device, dtype: torch.dtype, n_kv: int, head_dim: int) -> bool:
     """Use the kernel for CUDA decode steps unless ``GENSERVE_DECODE_ATTENTION=sdpa``
     (the gather + SDPA path, kept for comparison), Triton is missing, the head size is
-    over 256 (``supports``), or the kernel fails its check on this device."""
+    over 256, or the kernel fails its check on this device. Blocks are padded to powers
+    of two (Triton's extents), so a head size of 96 (Phi-3) or 3 KV heads (SmolLM2) are
+    fine."""
     if device.type != "cuda" or os.environ.get("GENSERVE_DECODE_ATTENTION") == "sdpa":
         return False
-    if not supports(n_kv, head_dim):
+    if head_dim > 256:
         return False
     try:
         import triton  # noqa: F401
@@ -201,12 +203,6 @@ def write_kv_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: t
     write_kv[(k.shape[1],)](k, v, k_cache, v_cache, slot_mapping, k.stride(1), k.stride(0),
                             v.stride(1), v.stride(0), KV_HEADS=n_kv, HEAD_DIM=d,
                             KV_PAD=_pow2(n_kv), DIM_PAD=max(16, _pow2(d)))
-
-
-def supports(n_kv: int, head_dim: int) -> bool:
-    """Head sizes up to 256 (others: the gather + SDPA path). Blocks are padded to
-    powers of two (Triton's extents), so 96 (Phi-3) or 3 KV heads (SmolLM2) work too."""
-    return 1 <= head_dim <= 256 and n_kv >= 1
 
 
 def num_splits(rows: int, n_kv: int, width_tokens: int) -> int:
