@@ -102,7 +102,7 @@ def graph_step_ms(engine: LLMEngine, reps: int = 100) -> float | None:
     """The batch-1 CUDA graph replayed back to back (inputs copied in, no host work
     between steps): what a step costs the GPU. Its gap to ``1 / engine_decode_tok_s`` is
     the time the GPU waits on the host each token. None without CUDA graphs."""
-    from engine.runners.torch.decode_inputs import build_decode_inputs
+    from engine.runners.torch.decode_inputs import flat_decode_inputs
 
     graphs = torch_runner(engine.runner).decode_graphs
     if graphs is None or graphs.device.type != "cuda" or not graphs.covers(1):
@@ -111,8 +111,7 @@ def graph_step_ms(engine: LLMEngine, reps: int = 100) -> float | None:
     if key is None:
         return None
     step = graphs._cuda_steps[key]
-    inputs = build_decode_inputs([], graphs.block_size, graphs.scratch_block, graphs.device,
-                                 pad_to=1, width=key[1])
+    inputs = flat_decode_inputs([], graphs.block_size, graphs.scratch_block, 1, key[1])
     with torch.inference_mode():
         for _ in range(5):
             step(inputs)

@@ -47,6 +47,8 @@ from engine.runners.torch.decode_inputs import (
     DecodeRowLike,
     build_decode_inputs,
     decode_width,
+    flat_decode_inputs,
+    flat_views,
 )
 from engine.runners.torch.kv_tensors import KVCache
 from engine.runners.torch.lora import LoraLayers
@@ -90,7 +92,7 @@ def cap_buckets(buckets: Sequence[int], max_rows: int) -> list[int]:
     return kept
 
 
-StepFn = Callable[[DecodeInputs], torch.Tensor]
+StepFn = Callable[[torch.Tensor], torch.Tensor]  # flat_decode_inputs -> logits
 
 
 def _plain_forward(model: Any, input_ids: torch.Tensor, positions: torch.Tensor
@@ -160,11 +162,11 @@ class DecodeGraphs:
                       default=None)
             if key is None:
                 return None
-            inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
-                                         self.device, pad_to=key[0], width=key[1])
+            flat = flat_decode_inputs(decodes, self.block_size, self.scratch_block,
+                                      key[0], key[1])
             if self.lora is not None:
                 self.lora.fill_static([r.adapter_slot for r in decodes] + [0] * (key[0] - n))
-            return self._cuda_steps[key](inputs)[:n]
+            return self._cuda_steps[key](flat)[:n]
         if not self.covers(n):
             return None
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
@@ -332,9 +334,10 @@ class DecodeGraphs:
         fit ``width`` blocks. Compiled with inductor, one graph of 2..``max_rows`` rows
         (the row count dynamic) serves every bucket above 1, so a bucket costs a capture,
         not a compile."""
-        with torch.inference_mode():
-            static = build_decode_inputs([], self.block_size, self.scratch_block,
-                                         self.device, pad_to=rows, width=width)
+        with torch.inference_mode():  # padding only until a step copies its rows in
+            flat = flat_decode_inputs([], self.block_size, self.scratch_block, rows,
+                                      width).to(self.device)
+            static = flat_views(flat, rows, width)
         if rows >= 2 and self._inductor_on_cuda():
             for t in (static.input_ids, static.positions):
                 torch._dynamo.mark_dynamic(t, 1, min=2, max=max(max_rows, 2))
@@ -364,12 +367,8 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, pool=self._pool):
                 out = forward()
 
-        def step(inputs: DecodeInputs) -> torch.Tensor:
-            static.input_ids.copy_(inputs.input_ids)
-            static.positions.copy_(inputs.positions)
-            static.slot_mapping.copy_(inputs.slot_mapping)
-            static.seq_lens.copy_(inputs.seq_lens)
-            static.block_tables.copy_(inputs.block_tables)
+        def step(inputs: torch.Tensor) -> torch.Tensor:
+            flat.copy_(inputs)  # flat_decode_inputs' layout: every static input at once
             graph.replay()
             return out[0].clone()  # the next replay overwrites ``out``
 

@@ -8,6 +8,7 @@ they never touch a real sequence's cache and never make an all-masked (NaN) row.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -55,6 +56,23 @@ def decode_width(decodes: Sequence[DecodeRowLike], block_size: int) -> int:
     return max(r.position // block_size for r in decodes) + 1
 
 
+def _padded_rows(decodes: Sequence[DecodeRowLike], block_size: int, scratch_block: int,
+                 rows: int, width: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``[tokens, positions, slots, lens]`` and the block tables, padded to ``rows``."""
+    pad = rows - len(decodes)
+    tokens = [r.token_id for r in decodes] + [0] * pad
+    positions = [r.position for r in decodes] + [0] * pad
+    slots = [r.block_table[r.position // block_size] * block_size + r.position % block_size
+             for r in decodes] + [scratch_block * block_size] * pad
+    lens = [r.position + 1 for r in decodes] + [1] * pad
+    tables: list[list[int]] = []
+    for r in decodes:
+        t = r.block_table[:width]
+        tables.append(t + [scratch_block] * (width - len(t)) if len(t) < width else t)
+    tables.extend([[scratch_block] * width] * pad)
+    return [tokens, positions, slots, lens], tables
+
+
 def build_decode_inputs(decodes: Sequence[DecodeRowLike], block_size: int, scratch_block: int,
                         device: torch.device, *, pad_to: int | None = None,
                         width: int | None = None) -> DecodeInputs:
@@ -64,22 +82,12 @@ def build_decode_inputs(decodes: Sequence[DecodeRowLike], block_size: int, scrat
     rows = pad_to or n
     if width is None:
         width = decode_width(decodes, block_size)
-    pad = rows - n
-    tokens = [r.token_id for r in decodes] + [0] * pad
-    positions = [r.position for r in decodes] + [0] * pad
-    slots = [r.block_table[r.position // block_size] * block_size + r.position % block_size
-             for r in decodes] + [scratch_block * block_size] * pad
-    lens = [r.position + 1 for r in decodes] + [1] * pad
-    vectors = torch.tensor([tokens, positions, slots, lens], dtype=torch.long)
-    tables: list[list[int]] = []
-    for r in decodes:
-        t = r.block_table[:width]
-        tables.append(t + [scratch_block] * (width - len(t)) if len(t) < width else t)
-    tables.extend([[scratch_block] * width] * pad)
+    vector_rows, tables = _padded_rows(decodes, block_size, scratch_block, rows, width)
+    vectors = torch.tensor(vector_rows, dtype=torch.long)
     table_t = torch.tensor(tables, dtype=torch.long)
     groups = None
-    if not pad:
-        groups = _groups(decodes, tables, lens, width * block_size)
+    if rows == n:
+        groups = _groups(decodes, tables, vector_rows[3], width * block_size)
     if device.type != "cpu":
         vectors = vectors.to(device, non_blocking=True)
         table_t = table_t.to(device, non_blocking=True)
@@ -87,6 +95,21 @@ def build_decode_inputs(decodes: Sequence[DecodeRowLike], block_size: int, scrat
             groups = DecodeGroups(*(t.to(device, non_blocking=True) for t in (
                 groups.tables, groups.rows, groups.mask, groups.row_slot)))
     return DecodeInputs(n, vectors[0:1], vectors[1:2], vectors[2], vectors[3], table_t, groups)
+
+
+def flat_decode_inputs(decodes: Sequence[DecodeRowLike], block_size: int, scratch_block: int,
+                       rows: int, width: int) -> torch.Tensor:
+    """The step's inputs as one host tensor laid out as ``flat_views`` reads them: a CUDA
+    graph step takes them in one copy instead of seven (each a launch, and the host's time
+    between two graph replays is time the GPU waits)."""
+    vector_rows, tables = _padded_rows(decodes, block_size, scratch_block, rows, width)
+    return torch.tensor(list(itertools.chain(*vector_rows, *tables)), dtype=torch.long)
+
+
+def flat_views(flat: torch.Tensor, rows: int, width: int) -> DecodeInputs:
+    """``DecodeInputs`` over one flat buffer of ``flat_decode_inputs``' layout."""
+    v = flat[:4 * rows].view(4, rows)
+    return DecodeInputs(rows, v[0:1], v[1:2], v[2], v[3], flat[4 * rows:].view(rows, width))
 
 
 def _groups(decodes: Sequence[DecodeRowLike], tables: list[list[int]], lens: list[int],

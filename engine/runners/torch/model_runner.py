@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -35,6 +36,7 @@ from engine.runners.torch.attention import (
 )
 from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
 from engine.runners.torch.decode_inputs import build_decode_inputs
+from engine.runners.torch.fused_linear import fuse_siblings
 from engine.runners.torch.kv_tensors import KVCache, KVCacheSpec
 from engine.runners.torch.lora import LoraLayers
 from engine.runners.torch.model_check import check_config, check_probe
@@ -129,6 +131,10 @@ class ModelRunner:
             self.lora = LoraLayers(self.model, config.max_loras, config.max_lora_rank,
                                    self.device, self.dtype)
             self.max_loras = config.max_loras
+        elif share_weights is None and os.environ.get("GENSERVE_FUSE_PROJECTIONS") != "0":
+            # q/k/v and gate/up as one product each (not over packed CPU layers, which
+            # keep a weight of their own; not with adapter slots hooking each layer)
+            fuse_siblings(self.model)
         log.info("KV cache: %d blocks of %d tokens (%.0f MiB, %d tokens)", num_blocks,
                  config.block_size, num_blocks * spec.bytes_per_block / 2**20,
                  num_blocks * config.block_size)

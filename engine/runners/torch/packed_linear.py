@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from engine.runners.torch.attention import ATTN_NAME
+from engine.runners.torch.fused_linear import fuse_siblings, is_fused, unfuse_siblings
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +161,11 @@ def _shared_weights(model: nn.Module) -> set[int]:
 @contextmanager
 def stock_transformers(model: nn.Module) -> Iterator[nn.Module]:
     """The engine's model as stock transformers runs it (SDPA attention, plain
-    ``F.linear``), for references and baselines that must measure transformers itself."""
-    packed = is_packed(model)
+    ``F.linear`` per layer, no fused siblings), for references and baselines that must
+    measure transformers itself."""
+    packed, fused = is_packed(model), is_fused(model)
     unpack_linears(model)
+    unfuse_siblings(model)
     set_attn = cast(Callable[[str], None], model.set_attn_implementation)
     set_attn("sdpa")
     try:
@@ -171,3 +174,5 @@ def stock_transformers(model: nn.Module) -> Iterator[nn.Module]:
         set_attn(ATTN_NAME)
         if packed:
             pack_linears(model)
+        if fused:
+            fuse_siblings(model)

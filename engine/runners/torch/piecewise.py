@@ -21,6 +21,7 @@ from torch.fx.node import map_arg
 from torch.fx.passes.split_module import split_module
 
 import engine.runners.torch.attention  # registers the op split on
+from engine.runners.torch.fused_linear import dedupe_products
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ def piecewise_backend(gm: torch.fx.GraphModule,
                       example_inputs: Sequence[Any]) -> Callable[..., Any]:
     """``torch.compile(backend=piecewise_backend)``: inductor for everything but the
     ``SPLIT_OPS`` calls, which stay eager, each in a piece of its own."""
+    dedupe_products(gm)  # fused sibling projections: one product per input
     piece = 0
     pieces: dict[torch.fx.Node, int] = {}
     for node in gm.graph.nodes:

@@ -16,7 +16,11 @@ from engine.llm_engine import LLMEngine
 from engine.runners.base import DecodeRow, PrefillWork
 from engine.runners.torch.attention import StaticDecode, forward_context
 from engine.runners.torch.compiled_step import DecodeGraphs, cap_buckets
-from engine.runners.torch.decode_inputs import build_decode_inputs
+from engine.runners.torch.decode_inputs import (
+    build_decode_inputs,
+    flat_decode_inputs,
+    flat_views,
+)
 from engine.runners.torch.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
@@ -222,6 +226,21 @@ def test_padded_rows_touch_only_the_scratch_block(compiled):
         assert torch.equal(old[:real], new[:real])
 
 
+def test_one_flat_buffer_holds_the_padded_step_inputs(compiled):
+    """A CUDA graph step copies its inputs in as one flat tensor: viewed back, it holds
+    exactly the padded inputs ``build_decode_inputs`` makes."""
+    runner = ModelRunner(compiled.config, share_weights=compiled)
+    seqs = Seqs((runner,), seed=3)
+    for n in (5, 30, 17):
+        seqs.add(n)
+    rows, bs = seqs.rows([0, 1, 2]), runner.block_size
+    want = build_decode_inputs(rows, bs, runner.scratch_block, runner.device, pad_to=8,
+                               width=12)
+    got = flat_views(flat_decode_inputs(rows, bs, runner.scratch_block, 8, 12), 8, 12)
+    for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 def test_the_compiled_forward_over_static_buffers_gives_the_eager_logits(compiled):
     """What a CUDA graph captures by default (compile_cuda_graphs), run on CPU: the
     compiled forward with its opaque attention reading the static buffers' full-width
@@ -239,8 +258,9 @@ def test_the_compiled_forward_over_static_buffers_gives_the_eager_logits(compile
         want = runner.model(input_ids=plain.input_ids, position_ids=plain.positions,
                             use_cache=False,
                             genserve_meta=plain.metadata(runner.kv_cache, bs)).logits[0]
-        wide = build_decode_inputs(rows, bs, runner.scratch_block, runner.device,
-                                   pad_to=MAX_ROWS, width=-(-runner.max_model_len // bs))
+        width = -(-runner.max_model_len // bs)  # the static buffers as a graph holds them
+        wide = flat_views(flat_decode_inputs(rows, bs, runner.scratch_block, MAX_ROWS, width),
+                          MAX_ROWS, width)
         meta = StaticDecode(runner.kv_cache, wide.slot_mapping, wide.block_tables,
                             wide.seq_lens)
         with forward_context(meta, graphs.num_layers), \
