@@ -17,8 +17,8 @@ model that feeds them different inputs is still right). Under ``torch.compile`` 
 member traces the full product and ``dedupe_products`` (run by the piecewise backend)
 keeps one per input.
 
-Not applied with adapter slots (LoRA hooks each member layer) or to oneDNN-packed CPU
-layers (packed_linear.py packs each layer on its own).
+On the CPU, packed_linear.py packs the fused layer for oneDNN in place of its members.
+Not applied with adapter slots (LoRA hooks and folds into each member layer).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 _GROUPS = "_genserve_fused"  # on the parent module: its FusedGroups
 _FORWARD = "_genserve_fused_forward"  # on a member: its forward while fused
+_MEMBER = "_genserve_fused_member"  # on a member: its weight is rows of a group's
 
 
 class _LastProduct(threading.local):
@@ -57,6 +58,17 @@ class FusedGroup:
     members: list[nn.Linear]
     offsets: list[int]  # each member's first output column in the fused product
     last: _LastProduct = field(default_factory=_LastProduct)
+
+    def point_members(self) -> None:
+        """Each member's weight (and bias) a view of its rows of the fused layer's: after
+        fusing, and whenever the fused weight is swapped (packed_linear.py packs the
+        fused layer and leaves a zero-stride placeholder, whose rows hold no memory)."""
+        w, b = self.linear.weight, self.linear.bias
+        for m, start in zip(self.members, self.offsets, strict=True):
+            end = start + m.out_features
+            m.weight = nn.Parameter(w[start:end], requires_grad=False)
+            if b is not None:
+                m.bias = nn.Parameter(b[start:end], requires_grad=False)
 
     def product(self, index: int, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
@@ -123,15 +135,23 @@ def _fuse(members: list[nn.Linear]) -> FusedGroup:
     offsets, start = [], 0
     for m in members:
         offsets.append(start)
-        end = start + m.out_features
-        m.weight = nn.Parameter(weight[start:end], requires_grad=False)  # a view: no copy
-        if bias is not None:
-            m.bias = nn.Parameter(bias[start:end], requires_grad=False)
-        start = end
+        start += m.out_features
     group = FusedGroup(fused, members, offsets)
+    group.point_members()  # views: the separate weights are freed
     for i, m in enumerate(members):
         m.__dict__[_FORWARD] = partial(group.product, i)
+        m.__dict__[_MEMBER] = True
     return group
+
+
+def fused_groups(mod: nn.Module) -> list[FusedGroup]:
+    """The fused groups whose members are ``mod``'s children."""
+    return mod.__dict__.get(_GROUPS, [])
+
+
+def is_member(mod: nn.Module) -> bool:
+    """Whether ``mod``'s weight is rows of a fused group's (its group's layer holds it)."""
+    return _MEMBER in mod.__dict__
 
 
 def unfuse_siblings(model: nn.Module) -> None:
@@ -146,7 +166,13 @@ def is_fused(model: nn.Module) -> bool:
     return any("forward" in m.__dict__ and _FORWARD in m.__dict__ for m in model.modules())
 
 
-_PRODUCTS = (F.linear, torch._C._nn.linear)
+def _products() -> tuple:
+    """The call targets of one layer's product in a traced graph."""
+    targets: list = [F.linear, torch._C._nn.linear]
+    packed = getattr(torch.ops.genserve, "packed_linear", None)  # once packed_linear.py ran
+    if packed is not None:
+        targets += [packed, packed.default]
+    return tuple(targets)
 
 
 def dedupe_products(gm: torch.fx.GraphModule) -> int:
@@ -154,8 +180,9 @@ def dedupe_products(gm: torch.fx.GraphModule) -> int:
     graph: the fused siblings each trace the full product. Returns how many went."""
     seen: dict[tuple, torch.fx.Node] = {}
     removed = 0
+    products = _products()
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _PRODUCTS:
+        if node.op != "call_function" or node.target not in products:
             continue
         key = (node.target, node.args, tuple(sorted(node.kwargs.items())))
         try:

@@ -82,6 +82,10 @@ class ModelRunner:
                     drop_head(self.model)
                 self.model.to(self.device)
             self.model_id = source.model_id
+            if not config.adapter_cache and os.environ.get("GENSERVE_FUSE_PROJECTIONS") != "0":
+                # q/k/v and gate/up as one product each (not with adapter slots, which
+                # hook and fold into each layer); packed below as one layer each
+                fuse_siblings(self.model)
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)
             if tp is not None:
@@ -131,10 +135,6 @@ class ModelRunner:
             self.lora = LoraLayers(self.model, config.max_loras, config.max_lora_rank,
                                    self.device, self.dtype)
             self.max_loras = config.max_loras
-        elif share_weights is None and os.environ.get("GENSERVE_FUSE_PROJECTIONS") != "0":
-            # q/k/v and gate/up as one product each (not over packed CPU layers, which
-            # keep a weight of their own; not with adapter slots hooking each layer)
-            fuse_siblings(self.model)
         log.info("KV cache: %d blocks of %d tokens (%.0f MiB, %d tokens)", num_blocks,
                  config.block_size, num_blocks * spec.bytes_per_block / 2**20,
                  num_blocks * config.block_size)

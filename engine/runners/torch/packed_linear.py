@@ -8,7 +8,9 @@ step of one sequence is faster, and the 1 + k rows of a speculative verify step,
 of decodes, cost little more than one row. The results differ from ``F.linear`` only in
 summation order (about 1e-5 relative).
 
-A packed layer's plain weight is replaced by a zero-stride placeholder of the same shape
+Fused sibling projections (fused_linear.py: q/k/v, gate/up) are packed as their group's one
+layer, whose one GEMM replaces the members' (its members' weights become rows of the
+group's placeholder). A packed layer's plain weight is replaced by a zero-stride placeholder of the same shape
 (so the memory is not held twice), except where the weight is shared with another module
 (a tied input embedding still reads it). ``unpack_linears`` restores every layer exactly
 (the benchmark measures stock transformers on the same model object).
@@ -26,7 +28,13 @@ import torch
 from torch import nn
 
 from engine.runners.torch.attention import ATTN_NAME
-from engine.runners.torch.fused_linear import fuse_siblings, is_fused, unfuse_siblings
+from engine.runners.torch.fused_linear import (
+    fuse_siblings,
+    fused_groups,
+    is_fused,
+    is_member,
+    unfuse_siblings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +101,28 @@ def call_packed(key: int, width: int, x: torch.Tensor) -> torch.Tensor:
     return _packed_forward(key, width, x)
 
 
+def _layers(model: nn.Module) -> Iterator[nn.Module]:
+    """The model's modules, with each fused group's layer (fused_linear.py) in place of
+    its members: the group's one product is what runs, so it is what gets packed."""
+    for mod in model.modules():
+        yield from (group.linear for group in fused_groups(mod))
+        if not is_member(mod):
+            yield mod
+
+
+def _point_members(model: nn.Module) -> None:
+    """Members of fused groups view their rows of the group's weight as it is now."""
+    for mod in model.modules():
+        for group in fused_groups(mod):
+            group.point_members()
+
+
 def pack_linears(model: nn.Module) -> int:
     """Reorder every ``nn.Linear`` weight of ``model`` for oneDNN; returns how many."""
     shared = _shared_weights(model)
     count = 0
     with torch.no_grad():
-        for mod in model.modules():
+        for mod in _layers(model):
             if not isinstance(mod, nn.Linear) or mod.__dict__.get("_genserve_key") in _LAYERS:
                 continue
             # A layer keeps its key when packed again, so compiled graphs (which call the
@@ -125,6 +149,7 @@ def pack_linears(model: nn.Module) -> int:
                         placeholder, requires_grad=False)
                 mod.weight = mod.__dict__["_genserve_placeholder"]
             count += 1
+        _point_members(model)  # placeholder rows: the dense weight is not held twice
     log.info("packed %d linear layers for oneDNN", count)
     return count
 
@@ -132,7 +157,7 @@ def pack_linears(model: nn.Module) -> int:
 def unpack_linears(model: nn.Module) -> None:
     """Undo ``pack_linears``: plain ``nn.Linear`` layers with their exact weights."""
     with torch.no_grad():
-        for mod in model.modules():
+        for mod in _layers(model):
             key = mod.__dict__.get("_genserve_key")
             if key not in _LAYERS:
                 continue
@@ -143,6 +168,7 @@ def unpack_linears(model: nn.Module) -> None:
                 # [:out]: a layer LoRA folded into holds extra rows (lora.py)
                 mod.weight = nn.Parameter(packed.to_dense()[:mod.weight.shape[0]],
                                           requires_grad=False)
+        _point_members(model)
 
 
 def is_packed(model: nn.Module) -> bool:

@@ -18,7 +18,7 @@ from engine.runners.torch.fused_linear import (
     unfuse_siblings,
 )
 from engine.runners.torch.model_runner import ModelRunner
-from engine.runners.torch.packed_linear import stock_transformers
+from engine.runners.torch.packed_linear import is_packed, stock_transformers
 
 
 def _model(tiny_model_dir) -> nn.Module:
@@ -80,9 +80,9 @@ def test_compiled_graph_keeps_one_product_per_input(tiny_model_dir):
     seen: list[int] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs):
-        before = sum(n.target in fused_linear._PRODUCTS for n in gm.graph.nodes)
+        before = sum(n.target in fused_linear._products() for n in gm.graph.nodes)
         dedupe_products(gm)
-        after = sum(n.target in fused_linear._PRODUCTS for n in gm.graph.nodes)
+        after = sum(n.target in fused_linear._products() for n in gm.graph.nodes)
         seen.extend([before, after])
         return gm.forward
 
@@ -110,15 +110,42 @@ def test_stock_transformers_runs_plain_layers_inside_and_fuses_again_after(tiny_
     assert not is_fused(model)
 
 
-def test_runner_fuses_plain_layers_but_not_packed_or_adapter_layers(tiny_model_dir,
-                                                                    tmp_path):
-    def runner(**kw) -> ModelRunner:
-        return ModelRunner(EngineConfig(model=str(tiny_model_dir), device="cpu",
-                                        kv_cache_memory=1 << 20, **kw))
+def _runner(model_dir, **kw) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(model_dir), device="cpu",
+                                    kv_cache_memory=1 << 20, **kw))
 
-    assert is_fused(runner(pack_weights=False).model)
-    assert not is_fused(runner(pack_weights=True).model)  # oneDNN packs each layer
-    assert not is_fused(runner(pack_weights=False, adapter_cache=str(tmp_path)).model)
+
+def test_runner_fuses_plain_and_packed_layers_but_not_adapter_layers(tiny_model_dir,
+                                                                     tmp_path):
+    assert is_fused(_runner(tiny_model_dir, pack_weights=False).model)
+    assert is_fused(_runner(tiny_model_dir, pack_weights=True).model)
+    # adapter slots hook (and on packed layers fold into) each layer: left plain
+    assert not is_fused(_runner(tiny_model_dir, pack_weights=False,
+                                adapter_cache=str(tmp_path)).model)
+    assert not is_fused(_runner(tiny_model_dir, pack_weights=True,
+                                adapter_cache=str(tmp_path)).model)
+
+
+def test_packed_fused_layers_give_the_plain_logits_and_unpack_exactly(tiny_model_dir):
+    """On the CPU the fused layer is what oneDNN packs: its members hold no dense weight
+    while packed, the logits are the plain model's, and stock transformers gets back
+    every member's exact weight."""
+    want_model = _model(tiny_model_dir)
+    ids = torch.randint(0, 1000, (1, 11), generator=torch.Generator().manual_seed(1))
+    want = _logits(want_model, ids)
+    model = _runner(tiny_model_dir, pack_weights=True).model
+    assert is_packed(model) and is_fused(model)
+    q = model.model.layers[0].self_attn.q_proj
+    assert q.weight.stride() == (0, 0)  # a placeholder's rows: no memory
+    with stock_transformers(model):
+        assert not is_packed(model) and not is_fused(model)
+        for mine, plain in zip(model.modules(), want_model.modules(), strict=True):
+            if isinstance(mine, nn.Linear):
+                assert torch.equal(mine.weight, plain.weight)
+        got = _logits(model, ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # plain layers: exactly HF
+    assert is_packed(model) and is_fused(model)
+    assert q.weight.stride() == (0, 0)
 
 
 def test_layers_of_other_input_sizes_or_kinds_are_not_fused():
