@@ -8,11 +8,11 @@ step of one sequence is faster, and the 1 + k rows of a speculative verify step,
 of decodes, cost little more than one row. The results differ from ``F.linear`` only in
 summation order (about 1e-5 relative).
 
-Fused sibling projections (fused_linear.py: q/k/v, gate/up) are packed as their group's one
-layer, whose one GEMM replaces the members' (its members' weights become rows of the
-group's placeholder). A packed layer's plain weight is replaced by a zero-stride placeholder of the same shape
+A packed layer's plain weight is replaced by a zero-stride placeholder of the same shape
 (so the memory is not held twice), except where the weight is shared with another module
-(a tied input embedding still reads it). ``unpack_linears`` restores every layer exactly
+(a tied input embedding still reads it). Fused sibling projections (fused_linear.py: q/k/v,
+gate/up) are packed as their group's one layer, whose one GEMM replaces the members' (the
+members' weights become rows of the group's placeholder). ``unpack_linears`` restores every layer exactly
 (the benchmark measures stock transformers on the same model object).
 """
 
