@@ -12,8 +12,8 @@ A packed layer's plain weight is replaced by a zero-stride placeholder of the sa
 (so the memory is not held twice), except where the weight is shared with another module
 (a tied input embedding still reads it). Fused sibling projections (fused_linear.py: q/k/v,
 gate/up) are packed as their group's one layer, whose one GEMM replaces the members' (the
-members' weights become rows of the group's placeholder). ``unpack_linears`` restores every layer exactly
-(the benchmark measures stock transformers on the same model object).
+members' weights become rows of the group's placeholder). ``unpack_linears`` restores
+every layer exactly (the benchmark measures stock transformers on the same model object).
 """
 
 from __future__ import annotations
