@@ -48,6 +48,7 @@ class _LastProduct(threading.local):
 
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
+    served = 0  # members that took their columns of ``y``
 
 
 @dataclass(eq=False)
@@ -79,8 +80,9 @@ class FusedGroup:
                 y = last.y
             else:
                 y = self.linear(x)
-                last.x, last.y = x, y
-            if index == len(self.members) - 1:  # the last member: let the tensors go
+                last.x, last.y, last.served = x, y, 0
+            last.served += 1
+            if last.served == len(self.members):  # every member served: let them go
                 last.x = last.y = None
         start = self.offsets[index]
         return y[..., start:start + self.members[index].out_features]

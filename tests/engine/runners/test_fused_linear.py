@@ -65,12 +65,16 @@ def test_siblings_reuse_one_eager_product_for_the_same_input(tiny_model_dir, mon
     assert len(calls) == 1
     for out, layer in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
         torch.testing.assert_close(out, x @ layer.weight.T, rtol=1e-5, atol=1e-5)
+    # any call order shares one product
+    v2, q2, k2 = attn.v_proj(x), attn.q_proj(x), attn.k_proj(x)
+    assert len(calls) == 2
+    torch.testing.assert_close(torch.cat([q2, k2, v2], -1), torch.cat([q, k, v], -1))
     # a sibling fed another input computes it in full (still right, never stale)
     other = torch.randn(3, attn.q_proj.in_features)
     attn.q_proj(x)
     torch.testing.assert_close(attn.k_proj(other), other @ attn.k_proj.weight.T,
                                rtol=1e-5, atol=1e-5)
-    assert len(calls) == 3
+    assert len(calls) == 4
 
 
 def test_compiled_graph_keeps_one_product_per_input(tiny_model_dir):
