@@ -159,7 +159,7 @@ def is_member(mod: nn.Module) -> bool:
 def unfuse_siblings(model: nn.Module) -> None:
     """Plain layers again (their weights stay views of the fused weight: same values)."""
     for parent in model.modules():
-        for group in parent.__dict__.get(_GROUPS, ()):
+        for group in fused_groups(parent):
             for member in group.members:
                 member.__dict__.pop("forward", None)
 
