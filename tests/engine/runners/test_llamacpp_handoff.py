@@ -31,7 +31,8 @@ pytestmark = [pytest.mark.skipif(not _bf16_cpu(),
                                  reason="needs llama-cpp-python on a CPU with AVX512-BF16"),
               pytest.mark.usefixtures("torch_threads_restored")]
 
-LONG = 600  # tokens: over the 512 default; chunks of 256, 512 while alone
+LONG = 600  # tokens: chunks of 256, 512 while alone
+MID = 200  # tokens: over the default threshold (128), one chunk
 MAX_NEW = 24
 
 
@@ -90,6 +91,17 @@ def test_a_handed_over_prompt_decodes_as_llama_cpps_own_prefill_beside_a_short_o
     # not batch invariant)
     assert got["short"][0].token_ids[:8] == ref["short"][0].token_ids[:8]
     assert len(got["short"][0].token_ids) == 40
+    assert engine.scheduler.allocator.num_used == 0
+
+
+def test_a_mid_length_prompt_takes_the_torch_prefill_by_default(engine, own, handovers):
+    """Prompts from 128 tokens prefill in torch (it was the faster prefill from there up);
+    the decoded tokens are llama.cpp's own."""
+    assert engine.config.torch_prefill_tokens == EngineConfig.torch_prefill_tokens == 128
+    ids = prompt_of(engine.tokenizer, MID, "Ships sail out of the harbour at dawn. ")
+    got = run_to_completion(engine, {0: [("r", ids, greedy())]})["r"][0].token_ids
+    ref = run_to_completion(own, {0: [("r", ids, greedy())]})["r"][0].token_ids
+    assert len(handovers) == 1 and got == ref
     assert engine.scheduler.allocator.num_used == 0
 
 
