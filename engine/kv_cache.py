@@ -37,6 +37,13 @@ def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
                            digest_size=16).digest()
 
 
+def tail_hash(parent: bytes, token_ids: list[int]) -> bytes:
+    """The identity of a partial last block (a finished sequence's last 1..bs-1 computed
+    tokens after ``parent``): hashed apart from full blocks, so never found as one."""
+    return hashlib.blake2b(parent + b"/tail/" + np.asarray(token_ids, dtype=np.int64)
+                           .tobytes(), digest_size=16).digest()
+
+
 class BlockKeeper(Protocol):
     """A runner whose KV lives outside the scheduler's block table (llama.cpp keeps it in
     its own cells) keeps a cached block's KV alive from the moment the scheduler caches it
@@ -71,6 +78,20 @@ class BlockKeeper(Protocol):
     def demote(self, blocks: list[int]) -> None:
         """``blocks`` became idle (cached, held by no sequence) since the last step that
         ran, and are still idle as the next one is about to run."""
+        ...
+
+    def keep_tail(self, seq_id: int, block_table: list[int], index: int) -> bool:
+        """Keep the KV of the partial block ``block_table[index]`` (its computed tokens
+        only) of sequence ``seq_id``, which is being freed; False when it cannot."""
+        ...
+
+    def grant_tail(self, seq_id: int, block: int) -> None:
+        """Kept tail ``block`` becomes sequence ``seq_id``'s: its KV goes to that sequence
+        when the runner first sees it (or goes with ``forget_grant``)."""
+        ...
+
+    def forget_grant(self, seq_id: int) -> None:
+        """Drop a granted tail the sequence did not take (not scheduled after all)."""
         ...
 
     def kv_pending(self, seq_id: int) -> bool:
@@ -198,6 +219,27 @@ class BlockAllocator:
             return False
         self._by_hash[h] = block
         self._hash_of[block] = h
+        return True
+
+    def take(self, h: bytes) -> int | None:
+        """The cached block ``h``, taken (one reference) and made private: its content is
+        about to change (a kept partial block that a new sequence continues)."""
+        b = self._by_hash.get(h)
+        if b is None:
+            return None
+        if self._refs[b] == 0:
+            del self._evictable[b]
+        self._refs[b] += 1
+        self.uncache(b)
+        return b
+
+    def forget(self, block: int, h: bytes) -> bool:
+        """Drop cached ``block`` if it still holds ``h`` and nobody holds it; True if so."""
+        if self._hash_of.get(block) != h or self._refs[block]:
+            return False
+        del self._evictable[block]
+        self.uncache(block)
+        self._free.append(block)
         return True
 
     def uncache(self, block: int) -> None:

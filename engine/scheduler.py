@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.kv_cache import BlockAllocator, BlockKeeper, block_hash
+from engine.kv_cache import BlockAllocator, BlockKeeper, block_hash, tail_hash
 from engine.sequence import SeqStatus, Sequence
 
 # A lone long prefill's chunk, in thresholds. Measured 2026-11-26 (quiet, default model,
@@ -50,6 +50,12 @@ from engine.sequence import SeqStatus, Sequence
 # 5.8-6.3 s, in 512 5.3 s, whole 4.9-5.0 s; 1,024 tokens 1.47-1.50 / 1.39-1.45 / 1.30 s.
 # Twice, not the whole prompt: a request arriving meanwhile waits out the chunk.
 ALONE_CHUNK_FACTOR = 2
+
+# Partial last blocks of finished sequences kept for a runner that keeps KV itself (the
+# llama.cpp runner): a chat's next turn resends the previous answer, whose last 1-15
+# tokens fill no full block. Each stays in the runner's cells (a few cells each), so
+# only the most recent few are kept.
+MAX_TAILS = 16
 
 
 @dataclass
@@ -95,6 +101,7 @@ class Scheduler:
         self.adapter_turn_steps = adapter_turn_steps
         self.last_adapter_slot = -1  # the slot of the last step (-1: none yet)
         self._turn_steps = 0  # steps the last slot has run in its current turn
+        self._tails: OrderedDict[int, bytes] = OrderedDict()  # kept partial block -> hash
 
     @property
     def capacity(self) -> int:
@@ -115,6 +122,8 @@ class Scheduler:
 
     def _free(self, seq: Sequence) -> None:
         self.cache_blocks(seq)
+        if self.keeper is not None:
+            self._keep_tail(seq, self.keeper)
         self.allocator.free(seq.block_table)
         seq.num_cached_blocks = 0
         if self.on_free is not None:
@@ -159,9 +168,31 @@ class Scheduler:
                 self.allocator.uncache(block)
         seq.num_cached_blocks = full
 
+    def _keep_tail(self, seq: Sequence, keeper: BlockKeeper) -> None:
+        """A sequence being freed leaves its partial last block findable (a runner that
+        keeps KV itself: ``BlockKeeper.keep_tail``), after its cached full blocks."""
+        bs = self.block_size
+        computed = min(seq.num_computed_tokens, seq.num_tokens, len(seq.block_table) * bs)
+        index, n = divmod(computed, bs)
+        if not n or seq.num_cached_blocks < index or keeper.kv_pending(seq.seq_id):
+            return
+        parent = seq.block_hashes[index - 1] if index else seq.request.cache_root
+        block, h = seq.block_table[index], tail_hash(parent, seq.tokens(index * bs, computed))
+        if not self.allocator.cache(block, h):
+            return
+        if not keeper.keep_tail(seq.seq_id, seq.block_table, index):
+            self.allocator.uncache(block)
+            return
+        self._tails[block] = h
+        while len(self._tails) > MAX_TAILS:
+            old, old_h = self._tails.popitem(last=False)
+            if self.allocator.forget(old, old_h):
+                keeper.evict(old)
+
     def _use_cached(self, seq: Sequence) -> None:
         """A sequence about to be prefilled from scratch starts from its longest cached
-        run of full blocks (never its last token: that one's logits are sampled)."""
+        run of full blocks (never its last token: that one's logits are sampled), and then
+        a kept partial block that continues it."""
         if not self.allocator.caching or seq.block_table or seq.num_computed_tokens:
             return
         usable = (seq.num_tokens - 1) // self.block_size
@@ -171,11 +202,37 @@ class Scheduler:
         seq.block_table.extend(blocks)
         seq.num_cached_blocks = len(blocks)
         seq.num_computed_tokens = len(blocks) * self.block_size
+        if self.keeper is not None and self._tails:
+            self._use_tail(seq, self.keeper)
         if seq.index == 0 and seq.num_preemptions == 0:
             seq.request.usage.cached_prompt_tokens = seq.num_computed_tokens
 
+    def _use_tail(self, seq: Sequence, keeper: BlockKeeper) -> None:
+        """The longest kept partial block whose tokens come next in ``seq`` becomes its
+        next block (taken private: the sequence writes the rest of it)."""
+        bs, hit = self.block_size, len(seq.block_table)
+        start = hit * bs
+        room = min(bs - 1, seq.num_tokens - 1 - start)
+        if room <= 0:
+            return
+        parent = seq.block_hashes[hit - 1] if hit else seq.request.cache_root
+        tokens = seq.tokens(start, start + room)
+        for n in range(room, 0, -1):
+            block = self.allocator.take(tail_hash(parent, tokens[:n]))
+            if block is not None:
+                break
+        else:
+            return
+        self._tails.pop(block, None)
+        keeper.grant_tail(seq.seq_id, block)
+        seq.block_table.append(block)
+        seq.num_computed_tokens += n
+        self.allocator.stats.hits += n
+
     def _drop_cached(self, seq: Sequence) -> None:
         """Give back the cached blocks a sequence took but will not run with this step."""
+        if self.keeper is not None:
+            self.keeper.forget_grant(seq.seq_id)
         self.allocator.free(seq.block_table)
         seq.num_computed_tokens = seq.num_cached_blocks = 0
 

@@ -583,6 +583,8 @@ class LlamaCppRunner:
     def release(self, seq_id: int) -> None:
         if self.handoff is not None:
             self.handoff.drop(seq_id)
+        if self._kept is not None:
+            self._kept.forget_grant(seq_id)
         slot = self._slot_of.pop(seq_id, None)
         if slot is None:
             return
@@ -602,6 +604,7 @@ class LlamaCppRunner:
             slot = self._slot_of[seq_id] = heapq.heappop(self._free_slots)
             if first_pos and self._kept is not None and block_table is not None:
                 self._kept.share(block_table[:first_pos // self.block_size], slot)
+                self._kept.take_grant(seq_id, slot)  # a kept partial block after them
                 self._cached[slot] = first_pos
         if first_pos < self._cached[slot]:
             self.llama_cpp.llama_memory_seq_rm(self.memory, slot, first_pos, -1)

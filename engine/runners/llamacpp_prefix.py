@@ -73,6 +73,9 @@ class CellKeeper:
         self.slot_of = slot_of
         self.kv_pending = pending
         self._where: dict[int, tuple[int, int]] = {}  # block -> (keeper, index)
+        # partial last blocks (``keep_tail``): block -> (keeper, index), in cells only
+        self._tails: dict[int, tuple[int, int]] = {}
+        self._grants: dict[int, tuple[int, int]] = {}  # engine seq id -> a tail's place
         self._used_at: dict[int, set[int]] = {}  # index -> keepers holding a block there
 
     @property
@@ -101,11 +104,48 @@ class CellKeeper:
         self._hold(block_table[index], keeper, index)
         return True
 
+    def keep_tail(self, seq_id: int, block_table: list[int], index: int) -> bool:
+        """The computed cells of the partial block at ``index`` go to a keeper free there
+        (the cells after them at that index hold no KV of this sequence: they are shared
+        as they are, ``seq_cp`` over the block's positions)."""
+        src = self.slot_of(seq_id)
+        if src is None:
+            return False
+        keeper = self._free_keeper(index, block_table[index - 1] if index else None)
+        if keeper is None:
+            return False
+        bs = self.block_size
+        self.lib.llama_memory_seq_cp(self.memory, src, keeper, index * bs, (index + 1) * bs)
+        self._tails[block_table[index]] = (keeper, index)
+        self._used_at.setdefault(index, set()).add(keeper)
+        return True
+
+    def grant_tail(self, seq_id: int, block: int) -> None:
+        self._grants[seq_id] = self._tails.pop(block)
+
+    def take_grant(self, seq_id: int, dst: int) -> None:
+        """A new llama.cpp sequence ``dst`` for ``seq_id`` gets its granted tail's cells."""
+        place = self._grants.pop(seq_id, None)
+        if place is None:
+            return
+        keeper, index = place
+        bs = self.block_size
+        self.lib.llama_memory_seq_cp(self.memory, keeper, dst, index * bs, (index + 1) * bs)
+        self._release(keeper, index)
+
+    def forget_grant(self, seq_id: int) -> None:
+        place = self._grants.pop(seq_id, None)
+        if place is not None:
+            self._release(*place)
+
     def _hold(self, block: int, keeper: int, index: int) -> None:
         self._where[block] = (keeper, index)
         self._used_at.setdefault(index, set()).add(keeper)
 
     def evict(self, block: int) -> None:
+        if block in self._tails:
+            self._release(*self._tails.pop(block))
+            return
         if self.host is not None:
             self.host.drop(block)
         where = self._where.pop(block, None)

@@ -237,6 +237,9 @@ class RecordingKeeper:
         self.kept: list[int] = []
         self.evicted: list[int] = []
         self.demoted: list[list[int]] = []
+        self.keep_tails = False
+        self.tails: list[int] = []
+        self.granted: dict[int, int] = {}
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
         if index in self.refuse:
@@ -246,6 +249,16 @@ class RecordingKeeper:
 
     def evict(self, block: int) -> None:
         self.evicted.append(block)
+
+    def keep_tail(self, seq_id: int, block_table: list[int], index: int) -> bool:
+        self.tails.append(block_table[index])
+        return self.keep_tails
+
+    def grant_tail(self, seq_id: int, block: int) -> None:
+        self.granted[seq_id] = block
+
+    def forget_grant(self, seq_id: int) -> None:
+        self.granted.pop(seq_id, None)
 
     def demote(self, blocks: list[int]) -> None:
         self.demoted.append(list(blocks))
@@ -349,3 +362,99 @@ def test_a_keeper_that_moves_idle_blocks_out_hears_of_them_when_a_step_runs_and_
     assert sorted(keeper.demoted[-1]) == sorted(b_cached)
     # all four cached blocks stay with three sequences running (4 // 3 would be 1)
     assert sched.allocator.num_cached == 4 and keeper.evicted == []
+
+
+# ---- kept partial last blocks (a keeper that can hold them: llama.cpp) ------------------
+
+def _tail_scheduler(keep: bool = True) -> tuple[Scheduler, RecordingKeeper]:
+    keeper = RecordingKeeper(refuse=set())
+    keeper.keep_tails = keep
+    keeper.max_idle_blocks = 64
+    sched = Scheduler(num_blocks=64, block_size=BLOCK, max_num_seqs=4,
+                      max_num_batched_tokens=64, prefix_caching=True, keeper=keeper)
+    return sched, keeper
+
+
+def _run_prompt(sched: Scheduler, seq_id: int, prompt: list[int]) -> Sequence:
+    """Admit ``prompt``, compute all of it in one step, and free it (finished)."""
+    seq = Sequence(seq_id, Request(f"r{seq_id}", prompt, SamplingParams()), 0, prompt,
+                   None)  # type: ignore[arg-type]
+    sched.add(seq)
+    (scheduled,) = sched.schedule()
+    seq.num_computed_tokens += scheduled.num_tokens
+    sched.cache_blocks(seq)
+    return seq
+
+
+def test_a_finished_sequences_partial_last_block_is_found_by_a_prompt_that_continues_it():
+    sched, keeper = _tail_scheduler()
+    first = _run_prompt(sched, 0, list(range(14)))  # three full blocks and two tokens
+    tail = first.block_table[3]
+    sched.remove(first)
+    assert keeper.tails == [tail]
+    prompt = list(range(14)) + [90, 91, 92]
+    seq = Sequence(1, Request("r1", prompt, SamplingParams()), 0, prompt,
+                   None)  # type: ignore[arg-type]
+    sched.add(seq)
+    (scheduled,) = sched.schedule()
+    # the full blocks and then the kept two tokens: it computes from token 14 on
+    assert scheduled.num_tokens == len(prompt) - 14 and seq.num_computed_tokens == 14
+    assert seq.block_table[3] == tail and keeper.granted == {1: tail}
+    assert seq.request.usage.cached_prompt_tokens == 14
+    assert sched.allocator.stats.hits == 14
+    # taken private: a prompt diverging inside it does not find it
+    assert sched.allocator.take(b"") is None and tail not in sched.allocator._hash_of
+
+
+def test_a_partial_block_is_found_only_after_the_same_tokens_and_only_its_own_length():
+    sched, keeper = _tail_scheduler()
+    sched.remove(_run_prompt(sched, 0, list(range(14))))
+    other = list(range(12)) + [77, 13, 50]  # token 12 differs: the tail does not continue
+    seq = _run_prompt(sched, 1, other)
+    assert seq.request.usage.cached_prompt_tokens == 12
+    sched.remove(seq)
+    shorter = list(range(13))  # only its first token comes next: no partial match
+    seq2 = _run_prompt(sched, 2, shorter)
+    assert seq2.request.usage.cached_prompt_tokens == 12 and 2 not in keeper.granted
+
+
+def test_a_keeper_that_cannot_hold_a_partial_block_leaves_it_private():
+    sched, keeper = _tail_scheduler(keep=False)
+    first = _run_prompt(sched, 0, list(range(14)))
+    tail = first.block_table[3]
+    sched.remove(first)
+    assert keeper.tails == [tail] and tail not in sched.allocator._hash_of
+    seq = _run_prompt(sched, 1, list(range(14)) + [90])
+    assert seq.request.usage.cached_prompt_tokens == 12 and not keeper.granted
+
+
+def test_only_the_most_recent_partial_blocks_are_kept():
+    from engine.scheduler import MAX_TAILS
+
+    sched, keeper = _tail_scheduler()
+    sched.allocator = BlockAllocator(4 * (MAX_TAILS + 2), caching=True,
+                                     on_evict=keeper.evict, max_evictable=None,
+                                     track_idle=True)
+    tails = []
+    for i in range(MAX_TAILS + 1):
+        seq = _run_prompt(sched, i, [1000 * i + t for t in range(6)])  # a block and two
+        tails.append(seq.block_table[1])
+        sched.remove(seq)
+    assert keeper.evicted == [tails[0]]  # the oldest went, its block free again
+    seq = _run_prompt(sched, 99, [0, 1, 2, 3, 4, 5, 9])
+    assert seq.request.usage.cached_prompt_tokens == 4  # its full block only
+    sched.remove(seq)
+    seq = _run_prompt(sched, 98, [1000 * MAX_TAILS + t for t in range(6)] + [5])
+    assert seq.request.usage.cached_prompt_tokens == 6
+
+
+def test_a_granted_partial_block_not_scheduled_after_all_is_forgotten():
+    sched, keeper = _tail_scheduler()
+    sched.remove(_run_prompt(sched, 0, list(range(14))))
+    prompt = list(range(14)) + [90]
+    seq = Sequence(1, Request("r1", prompt, SamplingParams()), 0, prompt,
+                   None)  # type: ignore[arg-type]
+    sched._use_cached(seq)
+    assert keeper.granted == {1: seq.block_table[3]}
+    sched._drop_cached(seq)
+    assert keeper.granted == {} and seq.num_computed_tokens == 0

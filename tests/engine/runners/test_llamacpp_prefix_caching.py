@@ -93,10 +93,13 @@ def test_a_chat_turn_reuses_the_previous_turns_prompt_and_answer(engine, llama):
     turn2 = turn1 + answer + engine.tokenizer("<|im_end|>\n<|im_start|>user\nThanks!"
                                               "<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
     tokens, cached = generate(engine, "t2", turn2)
-    # every full block of the first turn's computed tokens: its prompt and its answer but
-    # the last token (sampled, never fed back)
-    assert cached == (len(turn1) + len(answer) - 1) // bs * bs > len(turn1)
+    # every computed token of the first turn: its prompt and its answer but the last token
+    # (sampled, never fed back); its full blocks, then its kept partial last block
+    computed = len(turn1) + len(answer) - 1
+    assert computed % bs  # (the partial block's reuse is what this checks)
+    assert cached == computed > len(turn1)
     assert tokens == llama(turn2)
+    assert engine.runner.block_keeper._grants == {}  # the tail's cells were taken
 
 
 def test_idle_cached_blocks_go_to_host_memory_and_come_back_bit_exact(engine, llama):
