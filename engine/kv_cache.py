@@ -80,9 +80,10 @@ class BlockKeeper(Protocol):
         ran, and are still idle as the next one is about to run."""
         ...
 
-    def keep_tail(self, seq_id: int, block_table: list[int], index: int) -> bool:
-        """Keep the KV of the partial block ``block_table[index]`` (its computed tokens
-        only) of sequence ``seq_id``, which is being freed; False when it cannot."""
+    def keep_tail(self, seq_id: int, block_table: list[int], index: int, n: int) -> bool:
+        """Keep the KV of the first ``n`` positions (its computed tokens) of the partial
+        block ``block_table[index]`` of sequence ``seq_id``, which is being freed; False
+        when it cannot."""
         ...
 
     def grant_tail(self, seq_id: int, block: int) -> None:

@@ -180,7 +180,7 @@ class Scheduler:
         block, h = seq.block_table[index], tail_hash(parent, seq.tokens(index * bs, computed))
         if not self.allocator.cache(block, h):
             return
-        if not keeper.keep_tail(seq.seq_id, seq.block_table, index):
+        if not keeper.keep_tail(seq.seq_id, seq.block_table, index, n):
             self.allocator.uncache(block)
             return
         self._tails[block] = h

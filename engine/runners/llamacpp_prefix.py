@@ -93,32 +93,37 @@ class CellKeeper:
         return not self.demoting
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
-        src = self.slot_of(seq_id)
-        if src is None:
-            return False
-        keeper = self._free_keeper(index, block_table[index - 1] if index else None)
+        keeper = self._copy_to_keeper(seq_id, block_table, index)
         if keeper is None:
             return False
-        bs = self.block_size
-        self.lib.llama_memory_seq_cp(self.memory, src, keeper, index * bs, (index + 1) * bs)
         self._hold(block_table[index], keeper, index)
         return True
 
-    def keep_tail(self, seq_id: int, block_table: list[int], index: int) -> bool:
-        """The computed cells of the partial block at ``index`` go to a keeper free there
-        (the cells after them at that index hold no KV of this sequence: they are shared
-        as they are, ``seq_cp`` over the block's positions)."""
-        src = self.slot_of(seq_id)
-        if src is None:
-            return False
-        keeper = self._free_keeper(index, block_table[index - 1] if index else None)
+    def keep_tail(self, seq_id: int, block_table: list[int], index: int, n: int) -> bool:
+        """The first ``n`` cells of the partial block at ``index`` (its computed tokens;
+        cells past them may hold rejected speculative proposals) go to a keeper free
+        there."""
+        keeper = self._copy_to_keeper(seq_id, block_table, index, n)
         if keeper is None:
             return False
-        bs = self.block_size
-        self.lib.llama_memory_seq_cp(self.memory, src, keeper, index * bs, (index + 1) * bs)
         self._tails[block_table[index]] = (keeper, index)
         self._used_at.setdefault(index, set()).add(keeper)
         return True
+
+    def _copy_to_keeper(self, seq_id: int, block_table: list[int], index: int,
+                        n: int | None = None) -> int | None:
+        """Share ``seq_id``'s cells at block ``index`` (its first ``n`` positions, None =
+        all) with a keeper free there; which."""
+        src = self.slot_of(seq_id)
+        if src is None:
+            return None
+        keeper = self._free_keeper(index, block_table[index - 1] if index else None)
+        if keeper is None:
+            return None
+        bs = self.block_size
+        end = (index + 1) * bs if n is None else index * bs + n
+        self.lib.llama_memory_seq_cp(self.memory, src, keeper, index * bs, end)
+        return keeper
 
     def grant_tail(self, seq_id: int, block: int) -> None:
         self._grants[seq_id] = self._tails.pop(block)

@@ -239,6 +239,7 @@ class RecordingKeeper:
         self.demoted: list[list[int]] = []
         self.keep_tails = False
         self.tails: list[int] = []
+        self.tail_lengths: list[int] = []
         self.granted: dict[int, int] = {}
 
     def keep(self, seq_id: int, block_table: list[int], index: int) -> bool:
@@ -250,8 +251,9 @@ class RecordingKeeper:
     def evict(self, block: int) -> None:
         self.evicted.append(block)
 
-    def keep_tail(self, seq_id: int, block_table: list[int], index: int) -> bool:
+    def keep_tail(self, seq_id: int, block_table: list[int], index: int, n: int) -> bool:
         self.tails.append(block_table[index])
+        self.tail_lengths.append(n)
         return self.keep_tails
 
     def grant_tail(self, seq_id: int, block: int) -> None:
@@ -391,7 +393,7 @@ def test_a_finished_sequences_partial_last_block_is_found_by_a_prompt_that_conti
     first = _run_prompt(sched, 0, list(range(14)))  # three full blocks and two tokens
     tail = first.block_table[3]
     sched.remove(first)
-    assert keeper.tails == [tail]
+    assert keeper.tails == [tail] and keeper.tail_lengths == [2]
     prompt = list(range(14)) + [90, 91, 92]
     seq = Sequence(1, Request("r1", prompt, SamplingParams()), 0, prompt,
                    None)  # type: ignore[arg-type]

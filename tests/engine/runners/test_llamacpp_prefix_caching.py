@@ -248,3 +248,32 @@ def assert_equal_but_for_near_ties(got: list[int], prompt: list[int], n: int) ->
             f"{logits[own[d]] - logits[got[d]]:.3f}")
     finally:
         llm.close()
+
+
+def test_a_kept_partial_block_holds_only_its_computed_positions(engine):
+    """Cells past a sequence's computed tokens (rejected speculative proposals, until the
+    next step trims them) must not go with its partial block to a later sequence."""
+    runner, kept, lc = engine.runner, engine.runner.block_keeper, engine.runner.llama_cpp
+    bs = engine.config.block_size
+    ids = engine.tokenizer("Hammers, nails and screws are in aisle seven. " * 8)["input_ids"]
+    ids = ids[:2 * bs + 5]
+    assert len(ids) == 2 * bs + 5
+    seq_id = 10_000
+    slot = runner._slot(seq_id, 0)
+    runner._decode(ids, list(range(len(ids))), [slot] * len(ids), [len(ids) - 1])
+    table = [-1, -2, -3]  # block ids no real sequence has
+    from engine.runners.llamacpp_host_blocks import get_state, parse_state
+
+    def positions_at_block_2(keeper: int) -> list[int]:
+        pos = parse_state(get_state(lc, runner.ctx, keeper)).positions
+        return sorted(int(p) for p in pos if 2 * bs <= p < 3 * bs)
+
+    try:
+        assert kept.keep_tail(seq_id, table, 2, 3)  # 3 computed of the 5 cells there
+        keeper, index = kept._tails[-3]
+        assert index == 2
+        assert positions_at_block_2(keeper) == [2 * bs, 2 * bs + 1, 2 * bs + 2]
+    finally:
+        kept.evict(-3)
+        runner.release(seq_id)
+    assert positions_at_block_2(keeper) == []
