@@ -269,6 +269,17 @@ class RecordingKeeper:
         return False
 
 
+def _run_prompt(sched: Scheduler, seq_id: int, prompt: list[int]) -> Sequence:
+    """Admit ``prompt``, compute all of it in one step, and cache its full blocks."""
+    seq = Sequence(seq_id, Request(f"r{seq_id}", prompt, SamplingParams()), 0, prompt,
+                   None)  # type: ignore[arg-type]
+    sched.add(seq)
+    (scheduled,) = sched.schedule()
+    seq.num_computed_tokens += scheduled.num_tokens
+    sched.cache_blocks(seq)
+    return seq
+
+
 def test_a_runners_keeper_hears_of_cached_and_evicted_blocks_and_one_it_refuses_stays_private():
     keeper = RecordingKeeper(refuse={1})
     sched = Scheduler(num_blocks=4, block_size=BLOCK, max_num_seqs=4,
@@ -276,13 +287,7 @@ def test_a_runners_keeper_hears_of_cached_and_evicted_blocks_and_one_it_refuses_
     prompt = list(range(13))  # three full blocks and one token
 
     def admit(seq_id: int) -> Sequence:
-        seq = Sequence(seq_id, Request(f"r{seq_id}", prompt, SamplingParams()), 0, prompt,
-                       None)  # type: ignore[arg-type]
-        sched.add(seq)
-        (scheduled,) = sched.schedule()
-        seq.num_computed_tokens += scheduled.num_tokens
-        sched.cache_blocks(seq)
-        return seq
+        return _run_prompt(sched, seq_id, prompt)
 
     first = admit(0)
     b = list(first.block_table)
@@ -375,17 +380,6 @@ def _tail_scheduler(keep: bool = True) -> tuple[Scheduler, RecordingKeeper]:
     sched = Scheduler(num_blocks=64, block_size=BLOCK, max_num_seqs=4,
                       max_num_batched_tokens=64, prefix_caching=True, keeper=keeper)
     return sched, keeper
-
-
-def _run_prompt(sched: Scheduler, seq_id: int, prompt: list[int]) -> Sequence:
-    """Admit ``prompt``, compute all of it in one step, and free it (finished)."""
-    seq = Sequence(seq_id, Request(f"r{seq_id}", prompt, SamplingParams()), 0, prompt,
-                   None)  # type: ignore[arg-type]
-    sched.add(seq)
-    (scheduled,) = sched.schedule()
-    seq.num_computed_tokens += scheduled.num_tokens
-    sched.cache_blocks(seq)
-    return seq
 
 
 def test_a_finished_sequences_partial_last_block_is_found_by_a_prompt_that_continues_it():
