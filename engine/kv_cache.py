@@ -206,9 +206,7 @@ class BlockAllocator:
                 break
             found.append(b)
         for b in found:
-            if self._refs[b] == 0:
-                del self._evictable[b]
-            self._refs[b] += 1
+            self._ref(b)
         self.stats.queries += num_tokens
         self.stats.hits += len(found) * block_size
         return found
@@ -228,11 +226,15 @@ class BlockAllocator:
         b = self._by_hash.get(h)
         if b is None:
             return None
-        if self._refs[b] == 0:
-            del self._evictable[b]
-        self._refs[b] += 1
+        self._ref(b)
         self.uncache(b)
         return b
+
+    def _ref(self, block: int) -> None:
+        """One more holder of cached ``block`` (no longer evictable)."""
+        if self._refs[block] == 0:
+            del self._evictable[block]
+        self._refs[block] += 1
 
     def forget(self, block: int, h: bytes) -> bool:
         """Drop cached ``block`` if it still holds ``h`` and nobody holds it; True if so."""
