@@ -83,8 +83,8 @@ class LlamaSeq:
         one-token state's first 8 bytes, followed by stream count 1 and cell count 1."""
         self.prefill([1])
         data = get_state(self.lib, self.ctx, 0)
-        assert struct.unpack_from("<II", data, HEADER) == (1, 1), data[:16].hex()
-        return data[:HEADER]
+        assert struct.unpack_from("<II", data, HEADER) == (1, 1), bytes(data[:16]).hex()
+        return bytes(data[:HEADER])
 
 
 def torch_prefill(prefill: TorchPrefill, ids: list[int]) -> tuple[bytes, np.ndarray, float]:

@@ -395,7 +395,8 @@ class LlamaCppRunner:
         host = None
         if host_blocks > 0 and len(ids) > 1:
             host = HostBlocks(self.llama_cpp, self.ctx, self.memory, config.block_size,
-                              scratch=ids[-1])
+                              scratch=ids[-1], capacity=host_blocks,
+                              cell_bytes=bytes_per_block // config.block_size)
             ids = ids[:-1]
         return CellKeeper(
             self.llama_cpp, self.memory, config.block_size, ids, self._slot_of.get,

@@ -151,8 +151,8 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
         lc.llama_memory_seq_rm(memory, 0, n, -1)
         data = get_state(lc, ctx, 0)
         if struct.unpack_from("<II", data, HEADER) != (1, n):
-            return f"llama.cpp's sequence state starts {data[:16].hex()}, not as expected"
-        prefill.header = data[:HEADER]
+            return f"llama.cpp's sequence state starts {bytes(data[:16]).hex()}, not as expected"
+        prefill.header = bytes(data[:HEADER])
         prefill.run(-1, token_ids, 0, 1)
         ours = prefill.state(-1)
         if len(ours) != len(data):

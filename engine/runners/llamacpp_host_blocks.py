@@ -22,6 +22,7 @@ runner keeps idle blocks in its cells as before.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ class SeqState:
     parts: list[np.ndarray]  # uint8 [cells, row bytes] each
 
 
-def parse_state(data: bytes) -> SeqState:
+def parse_state(data: bytes | memoryview) -> SeqState:
     """Read a state ``llama_state_seq_get_data`` wrote for one sequence."""
     try:
         n_stream, cells = struct.unpack_from("<II", data, HEADER)
@@ -72,7 +73,7 @@ def parse_state(data: bytes) -> SeqState:
         raise StateFormatError(f"a state shorter than its layout ({e})") from None
     if off != len(data):
         raise StateFormatError(f"{len(data) - off} bytes after the layers (a second cache?)")
-    return SeqState(data[:HEADER], meta[:, 0].copy(), kinds, parts)
+    return SeqState(bytes(data[:HEADER]), meta[:, 0].copy(), kinds, parts)
 
 
 def write_state(header: bytes, kinds: list[tuple[int, int]], positions: np.ndarray,
@@ -89,41 +90,88 @@ def write_state(header: bytes, kinds: list[tuple[int, int]], positions: np.ndarr
     return b"".join(out)
 
 
-def get_state(llama_cpp: Any, ctx: Any, seq: int) -> bytes:
+def get_state(llama_cpp: Any, ctx: Any, seq: int) -> memoryview:
+    """``seq``'s state as llama.cpp writes it, straight into a numpy buffer (no copy)."""
     size = llama_cpp.llama_state_seq_get_size(ctx, seq)
-    buf = (ctypes.c_uint8 * size)()
-    if llama_cpp.llama_state_seq_get_data(ctx, buf, size, seq) != size:
+    buf = np.empty(size, dtype=np.uint8)
+    if llama_cpp.llama_state_seq_get_data(ctx, _ptr(buf), size, seq) != size:
         raise RuntimeError("llama.cpp did not write a sequence state")
-    return bytes(buf)
+    return buf.data
 
 
 def set_state(llama_cpp: Any, ctx: Any, seq: int, data: bytes) -> bool:
     """False when llama.cpp has no run of consecutive free cells for it."""
-    buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-    return llama_cpp.llama_state_seq_set_data(ctx, buf, len(data), seq) == len(data)
+    buf = np.frombuffer(data, dtype=np.uint8)  # read only by llama.cpp: no copy
+    return llama_cpp.llama_state_seq_set_data(ctx, _ptr(buf), len(buf), seq) == len(buf)
+
+
+def _ptr(buf: np.ndarray) -> Any:
+    return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+
+
+def runs(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``(seq, first index, end index)`` of the consecutive indices of one sequence among
+    ``(block, seq, index)``: one llama.cpp call per run instead of one per block (each
+    call walks every cell of the cache)."""
+    out: list[tuple[int, int, int]] = []
+    for _, seq, index in sorted(ranges, key=lambda r: (r[1], r[2])):
+        if out and out[-1][0] == seq and out[-1][2] == index:
+            out[-1] = (seq, out[-1][1], index + 1)
+        else:
+            out.append((seq, index, index + 1))
+    return out
 
 
 class HostBlocks:
     """Blocks' KV rows in host memory, copied out of and back into llama.cpp's cells
-    through a scratch sequence id no one else uses."""
+    through a scratch sequence id no one else uses. A block is one slot of ``[bs, cell
+    bytes]`` (each cell's bytes every part's row: K of each layer, then V).
+
+    The slots are allocated and touched at start, ``capacity`` of them (the host budget),
+    as vLLM allocates its CPU swap space: a block copied into memory never touched before
+    pays for the pages as it goes (here ~0.1 ms a 370 KB block on a warm machine, up to
+    ~0.9 ms where the VM backs its memory lazily: 3-15x the copy itself), and a new array
+    per block would pay that on every copy-out. Reused slots cost only the copy."""
+
+    SLAB = 64  # slots added at a time should blocks held by sequences outgrow ``capacity``
 
     def __init__(self, llama_cpp: Any, ctx: Any, memory: Any, block_size: int,
-                 scratch: int) -> None:
+                 scratch: int, capacity: int, cell_bytes: int) -> None:
         self.lib = llama_cpp
         self.ctx = ctx
         self.memory = memory
         self.block_size = block_size
         self.scratch = scratch
         self.nbytes = 0
-        self._rows: dict[int, list[np.ndarray]] = {}  # block -> each part's [bs, row]
+        self.cell_bytes = cell_bytes
+        self._slot: dict[int, np.ndarray] = {}  # block -> its slot, uint8 [bs, cell bytes]
+        self._free: list[np.ndarray] = list(self._slab(capacity))
+        self._stage = np.empty(0, dtype=np.uint8)  # a copy-out's cells in position order
         self._header = b""
         self._kinds: list[tuple[int, int]] = []
+        self._cols: list[slice] = []  # each part's bytes within a cell's
+
+    def _slab(self, n: int) -> np.ndarray:
+        """``n`` slots in memory touched now (mmap, not np.empty: numpy asks for huge
+        pages on large arrays, and where the kernel has none to give, first touching them
+        took ~4x as long here)."""
+        size = n * self.block_size * self.cell_bytes
+        if not size:
+            return np.empty((0, self.block_size, self.cell_bytes), dtype=np.uint8)
+        mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                        | getattr(mmap, "MAP_POPULATE", 0))
+        return np.frombuffer(mem, dtype=np.uint8).reshape(n, self.block_size,
+                                                          self.cell_bytes)
 
     def __contains__(self, block: int) -> bool:
-        return block in self._rows
+        return block in self._slot
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._rows)
+        return iter(self._slot)
+
+    def rows(self, block: int) -> list[np.ndarray]:
+        """Each part's ``[bs, row bytes]`` rows of a block held here."""
+        return [self._slot[block][:, c] for c in self._cols]
 
     def copy_out(self, ranges: list[tuple[int, int, int]]) -> None:
         """Copy blocks out of the cells of the sequences holding them: ``(block, seq,
@@ -133,24 +181,45 @@ class HostBlocks:
         bs, lib = self.block_size, self.lib
         if not ranges:
             return
-        for _, seq, index in ranges:
-            lib.llama_memory_seq_cp(self.memory, seq, self.scratch, index * bs,
-                                    (index + 1) * bs)
+        for seq, lo, hi in runs(ranges):
+            lib.llama_memory_seq_cp(self.memory, seq, self.scratch, lo * bs, hi * bs)
         try:
             state = parse_state(get_state(lib, self.ctx, self.scratch))
         finally:
             lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
-        order = np.argsort(state.positions, kind="stable")
-        positions = state.positions[order]
+        positions = state.positions
         if len(positions) != bs * len(ranges):
             raise StateFormatError(f"{len(positions)} cells for {len(ranges)} blocks")
+        if state.kinds != self._kinds:
+            ends = np.cumsum([0] + [row for _, row in state.kinds])
+            if ends[-1] != self.cell_bytes:
+                raise StateFormatError(f"cells of {ends[-1]} bytes where the runner counts "
+                                       f"{self.cell_bytes}")
+            if self._slot:
+                raise StateFormatError("rows laid out unlike the blocks already held")
+            self._cols = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
         self._header, self._kinds = state.header, state.kinds
+        order = None if (np.diff(positions) > 0).all() else np.argsort(positions,
+                                                                         kind="stable")
+        width = self.cell_bytes
+        if self._stage.size < len(positions) * width:
+            self._stage = np.empty(len(positions) * width, dtype=np.uint8)
+        cells = self._stage[:len(positions) * width].reshape(len(positions), width)
+        for part, cols in zip(state.parts, self._cols, strict=True):
+            cells[:, cols] = part if order is None else part[order]
+        if order is not None:
+            positions = positions[order]
         at = {index: block for block, _, index in ranges}
         for start in range(0, len(positions), bs):
-            block = at[int(positions[start]) // bs]
-            rows = [np.ascontiguousarray(p[order[start:start + bs]]) for p in state.parts]
-            self._rows[block] = rows
-            self.nbytes += sum(r.nbytes for r in rows)
+            slot = self._take_slot()
+            slot[:] = cells[start:start + bs]
+            self._slot[at[int(positions[start]) // bs]] = slot
+            self.nbytes += slot.nbytes
+
+    def _take_slot(self) -> np.ndarray:
+        if not self._free:
+            self._free = list(self._slab(self.SLAB))
+        return self._free.pop()
 
     def copy_in(self, blocks: list[int], first_index: int,
                 place: Callable[[int, int], None]) -> None:
@@ -160,8 +229,8 @@ class HostBlocks:
         writes a state into one run of consecutive free cells: a run it has no room for is
         halved until it fits (one cell always does: the scheduler accounts for them)."""
         bs = self.block_size
-        parts = [np.concatenate([self._rows[b][i] for b in blocks])
-                 for i in range(len(self._kinds))]
+        cells = np.concatenate([self._slot[b] for b in blocks])
+        parts = [cells[:, c] for c in self._cols]
         pending = [(0, len(blocks) * bs)]
         try:
             while pending:
@@ -181,6 +250,7 @@ class HostBlocks:
             self.lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
 
     def drop(self, block: int) -> None:
-        rows = self._rows.pop(block, None)
-        if rows is not None:
-            self.nbytes -= sum(r.nbytes for r in rows)
+        slot = self._slot.pop(block, None)
+        if slot is not None:
+            self.nbytes -= slot.nbytes
+            self._free.append(slot)

@@ -34,7 +34,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from engine.runners.llamacpp_host_blocks import HostBlocks, StateFormatError
+from engine.runners.llamacpp_host_blocks import HostBlocks, StateFormatError, runs
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +159,13 @@ class CellKeeper:
         keeper, index = where
         self._release(keeper, index)
 
-    def _release(self, keeper: int, index: int) -> None:
+    def _release(self, keeper: int, index: int, end: int | None = None) -> None:
+        """``keeper`` lets go of its blocks at ``index`` (up to ``end``, one call)."""
         bs = self.block_size
-        self.lib.llama_memory_seq_rm(self.memory, keeper, index * bs, (index + 1) * bs)
-        self._used_at[index].discard(keeper)
+        end = index + 1 if end is None else end
+        self.lib.llama_memory_seq_rm(self.memory, keeper, index * bs, end * bs)
+        for i in range(index, end):
+            self._used_at[i].discard(keeper)
 
     def demote(self, blocks: list[int]) -> None:
         """``blocks`` are idle (cached, held by no sequence) and a step is about to run:
@@ -183,9 +186,10 @@ class CellKeeper:
                 self.demoting = False
                 self.max_idle_blocks = self._cell_idle_blocks
                 return
-            for block, _, index in ranges:
+            for block, _, _ in ranges:
                 del self._where[block]
-                self._release(keeper, index)
+            for _, lo, hi in runs(ranges):
+                self._release(keeper, lo, hi)
 
     def share(self, blocks: list[int], dst: int) -> None:
         """Give llama.cpp sequence ``dst`` the cells of ``blocks`` (cached, at indices

@@ -123,7 +123,7 @@ def test_idle_cached_blocks_go_to_host_memory_and_come_back_bit_exact(engine, ll
     block_bytes = 2 * 30 * 3 * 64 * 2 * engine.config.block_size  # K, V; 30 layers; f16
     assert engine.stats().prefix_cache_host_bytes >= len(blocks) * block_bytes
     for b in blocks:  # what went out is what llama.cpp had
-        assert all((a == c).all() for a, c in zip(kept.host._rows[b], rows[b], strict=True))
+        assert all((a == c).all() for a, c in zip(kept.host.rows(b), rows[b], strict=True))
     again, cached = generate(engine, "h2", ids)
     assert cached == len(blocks) * engine.config.block_size
     assert again == first == llama(ids)
