@@ -54,6 +54,8 @@ def parse_state(data: bytes | memoryview) -> SeqState:
         if n_stream != 1:
             raise StateFormatError(f"{n_stream} KV streams")
         off = HEADER + 8
+        if not cells and len(data) == off:  # a sequence with no cells: no layers written
+            return SeqState(bytes(data[:HEADER]), np.zeros(0, np.int32), [], [])
         meta = np.frombuffer(data, np.int32, 3 * cells, off).reshape(cells, 3)
         if cells and (meta[:, 1] != 1).any():
             raise StateFormatError("a cell of several sequences")
@@ -109,12 +111,15 @@ def _ptr(buf: np.ndarray) -> Any:
     return buf.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
 
 
-def runs(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+Range = tuple[int, int, int, int]  # (block, seq, index, cells): a block's cells in a sequence
+
+
+def runs(ranges: list[Range]) -> list[tuple[int, int, int]]:
     """``(seq, first index, end index)`` of the consecutive indices of one sequence among
-    ``(block, seq, index)``: one llama.cpp call per run instead of one per block (each
-    call walks every cell of the cache)."""
+    ``ranges``: one llama.cpp call per run instead of one per block (each call walks every
+    cell of the cache)."""
     out: list[tuple[int, int, int]] = []
-    for _, seq, index in sorted(ranges, key=lambda r: (r[1], r[2])):
+    for _, seq, index, _ in sorted(ranges, key=lambda r: (r[1], r[2])):
         if out and out[-1][0] == seq and out[-1][2] == index:
             out[-1] = (seq, out[-1][1], index + 1)
         else:
@@ -145,6 +150,7 @@ class HostBlocks:
         self.nbytes = 0
         self.cell_bytes = cell_bytes
         self._slot: dict[int, np.ndarray] = {}  # block -> its slot, uint8 [bs, cell bytes]
+        self._count: dict[int, int] = {}  # block -> cells held (fewer: a partial block)
         self._free: list[np.ndarray] = list(self._slab(capacity))
         self._stage = np.empty(0, dtype=np.uint8)  # a copy-out's cells in position order
         self._header = b""
@@ -170,13 +176,15 @@ class HostBlocks:
         return iter(self._slot)
 
     def rows(self, block: int) -> list[np.ndarray]:
-        """Each part's ``[bs, row bytes]`` rows of a block held here."""
-        return [self._slot[block][:, c] for c in self._cols]
+        """Each part's ``[cells, row bytes]`` rows of a block held here."""
+        cells = self._slot[block][:self._count[block]]
+        return [cells[:, c] for c in self._cols]
 
-    def copy_out(self, ranges: list[tuple[int, int, int]]) -> None:
+    def copy_out(self, ranges: list[Range]) -> None:
         """Copy blocks out of the cells of the sequences holding them: ``(block, seq,
-        index)`` each, at most one block an index (llama.cpp's state holds no sequence
-        id, only positions). Raises ``StateFormatError`` (nothing stored) on a layout this
+        index, cells)`` each (``cells`` < block size: a partial last block, its first
+        positions), at most one block an index (llama.cpp's state holds no sequence id,
+        only positions). Raises ``StateFormatError`` (nothing stored) on a layout this
         module does not read."""
         bs, lib = self.block_size, self.lib
         if not ranges:
@@ -188,7 +196,7 @@ class HostBlocks:
         finally:
             lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
         positions = state.positions
-        if len(positions) != bs * len(ranges):
+        if len(positions) != sum(r[3] for r in ranges):
             raise StateFormatError(f"{len(positions)} cells for {len(ranges)} blocks")
         if state.kinds != self._kinds:
             ends = np.cumsum([0] + [row for _, row in state.kinds])
@@ -197,7 +205,8 @@ class HostBlocks:
                                        f"{self.cell_bytes}")
             if self._slot:
                 raise StateFormatError("rows laid out unlike the blocks already held")
-            self._cols = [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+            self._cols = [slice(int(a), int(b))
+                          for a, b in zip(ends[:-1], ends[1:], strict=True)]
         self._header, self._kinds = state.header, state.kinds
         order = None if (np.diff(positions) > 0).all() else np.argsort(positions,
                                                                          kind="stable")
@@ -209,12 +218,15 @@ class HostBlocks:
             cells[:, cols] = part if order is None else part[order]
         if order is not None:
             positions = positions[order]
-        at = {index: block for block, _, index in ranges}
-        for start in range(0, len(positions), bs):
+        start = 0
+        for block, _, index, n in sorted(ranges, key=lambda r: r[2]):
+            if not (positions[start:start + n] // bs == index).all():
+                raise StateFormatError(f"block {index}'s cells are not where expected")
             slot = self._take_slot()
-            slot[:] = cells[start:start + bs]
-            self._slot[at[int(positions[start]) // bs]] = slot
-            self.nbytes += slot.nbytes
+            slot[:n] = cells[start:start + n]
+            self._slot[block], self._count[block] = slot, n
+            self.nbytes += n * width
+            start += n
 
     def _take_slot(self) -> np.ndarray:
         if not self._free:
@@ -223,15 +235,17 @@ class HostBlocks:
 
     def copy_in(self, blocks: list[int], first_index: int,
                 place: Callable[[int, int], None]) -> None:
-        """Write ``blocks`` (consecutive indices from ``first_index``) back into cells of
-        the scratch sequence and call ``place(p0, p1)`` for each position range written, to
-        ``seq_cp`` them where they belong before the next range replaces them. llama.cpp
+        """Write ``blocks`` (consecutive indices from ``first_index``; only the last may be
+        partial) back into cells of the scratch sequence and call ``place(p0, p1)`` for each
+        position range written, to ``seq_cp`` them where they belong before the next range
+        replaces them. llama.cpp
         writes a state into one run of consecutive free cells: a run it has no room for is
         halved until it fits (one cell always does: the scheduler accounts for them)."""
         bs = self.block_size
-        cells = np.concatenate([self._slot[b] for b in blocks])
+        assert all(self._count[b] == bs for b in blocks[:-1]), "a partial block inside a run"
+        cells = np.concatenate([self._slot[b][:self._count[b]] for b in blocks])
         parts = [cells[:, c] for c in self._cols]
-        pending = [(0, len(blocks) * bs)]
+        pending = [(0, len(cells))]
         try:
             while pending:
                 lo, hi = pending.pop()
@@ -252,5 +266,5 @@ class HostBlocks:
     def drop(self, block: int) -> None:
         slot = self._slot.pop(block, None)
         if slot is not None:
-            self.nbytes -= slot.nbytes
+            self.nbytes -= self._count.pop(block) * self.cell_bytes
             self._free.append(slot)

@@ -25,7 +25,8 @@ With a host tier (``llamacpp_host_blocks.py``, on by default) a cached block no 
 holds leaves the cells at the next step that runs anything: its rows are copied to host
 memory and its keeper lets go (``demote``); a sequence that finds it gets it written back
 (``share``). Such blocks then cost llama.cpp's steps nothing, so the scheduler keeps as
-many as the host budget holds instead of a few cells' worth.
+many as the host budget holds instead of a few cells' worth. A kept partial last block
+(``keep_tail``) goes the same way, and comes back into the sequence granted it.
 """
 
 from __future__ import annotations
@@ -73,15 +74,18 @@ class CellKeeper:
         self.slot_of = slot_of
         self.kv_pending = pending
         self._where: dict[int, tuple[int, int]] = {}  # block -> (keeper, index)
-        # partial last blocks (``keep_tail``): block -> (keeper, index), in cells only
-        self._tails: dict[int, tuple[int, int]] = {}
-        self._grants: dict[int, tuple[int, int]] = {}  # engine seq id -> a tail's place
+        # partial last blocks (``keep_tail``) in cells: block -> (keeper, index, cells);
+        # with a host tier they leave the cells when idle as full blocks do
+        self._tails: dict[int, tuple[int, int, int]] = {}
+        self._host_tails: dict[int, int] = {}  # block -> index, of tails in host memory
+        # engine seq id -> a granted tail: (block, keeper or None if in host, index)
+        self._grants: dict[int, tuple[int, int | None, int]] = {}
         self._used_at: dict[int, set[int]] = {}  # index -> keepers holding a block there
 
     @property
     def num_kept(self) -> int:
-        """Blocks whose KV is kept (in cells or in host memory)."""
-        return len(self._where.keys() | set(self.host or ()))
+        """Full blocks whose KV is kept (in cells or in host memory)."""
+        return len(self._where.keys() | set(self.host or ())) - len(self._host_tails)
 
     @property
     def host_bytes(self) -> int:
@@ -106,7 +110,7 @@ class CellKeeper:
         keeper = self._copy_to_keeper(seq_id, block_table, index, n)
         if keeper is None:
             return False
-        self._tails[block_table[index]] = (keeper, index)
+        self._tails[block_table[index]] = (keeper, index, n)
         self._used_at.setdefault(index, set()).add(keeper)
         return True
 
@@ -126,22 +130,40 @@ class CellKeeper:
         return keeper
 
     def grant_tail(self, seq_id: int, block: int) -> None:
-        self._grants[seq_id] = self._tails.pop(block)
+        if block in self._tails:
+            keeper, index, _ = self._tails.pop(block)
+            self._grants[seq_id] = (block, keeper, index)
+        else:
+            self._grants[seq_id] = (block, None, self._host_tails.pop(block))
 
     def take_grant(self, seq_id: int, dst: int) -> None:
-        """A new llama.cpp sequence ``dst`` for ``seq_id`` gets its granted tail's cells."""
-        place = self._grants.pop(seq_id, None)
-        if place is None:
+        """A new llama.cpp sequence ``dst`` for ``seq_id`` gets its granted tail's cells
+        (from a keeper, or written back from host memory)."""
+        grant = self._grants.pop(seq_id, None)
+        if grant is None:
             return
-        keeper, index = place
+        block, keeper, index = grant
         bs = self.block_size
-        self.lib.llama_memory_seq_cp(self.memory, keeper, dst, index * bs, (index + 1) * bs)
-        self._release(keeper, index)
+        if keeper is not None:
+            self.lib.llama_memory_seq_cp(self.memory, keeper, dst, index * bs,
+                                         (index + 1) * bs)
+            self._release(keeper, index)
+            return
+        assert self.host is not None
+        scratch = self.host.scratch
+        self.host.copy_in([block], index, lambda p0, p1: self.lib.llama_memory_seq_cp(
+            self.memory, scratch, dst, p0, p1))
+        self.host.drop(block)
 
     def forget_grant(self, seq_id: int) -> None:
-        place = self._grants.pop(seq_id, None)
-        if place is not None:
-            self._release(*place)
+        grant = self._grants.pop(seq_id, None)
+        if grant is None:
+            return
+        block, keeper, index = grant
+        if keeper is not None:
+            self._release(keeper, index)
+        elif self.host is not None:
+            self.host.drop(block)
 
     def _hold(self, block: int, keeper: int, index: int) -> None:
         self._where[block] = (keeper, index)
@@ -149,10 +171,12 @@ class CellKeeper:
 
     def evict(self, block: int) -> None:
         if block in self._tails:
-            self._release(*self._tails.pop(block))
+            keeper, index, _ = self._tails.pop(block)
+            self._release(keeper, index)
             return
         if self.host is not None:
             self.host.drop(block)
+            self._host_tails.pop(block, None)
         where = self._where.pop(block, None)
         if where is None:
             return
@@ -169,14 +193,21 @@ class CellKeeper:
 
     def demote(self, blocks: list[int]) -> None:
         """``blocks`` are idle (cached, held by no sequence) and a step is about to run:
-        with a host tier their rows move to host memory and their cells are freed."""
+        with a host tier their rows move to host memory and their cells are freed (partial
+        last blocks too: wherever their few cells lie, llama.cpp's attention walks every
+        cell below them; a chat's decoding after a burst of other requests ran ~15%
+        slower with 16 of them left above its own cells)."""
         if self.host is None or not self.demoting:
             return
-        by_keeper: dict[int, list[tuple[int, int, int]]] = {}
+        by_keeper: dict[int, list[tuple[int, int, int, int]]] = {}
+        bs = self.block_size
         for b in blocks:
             if b in self._where:
                 keeper, index = self._where[b]
-                by_keeper.setdefault(keeper, []).append((b, keeper, index))
+                by_keeper.setdefault(keeper, []).append((b, keeper, index, bs))
+            elif b in self._tails:
+                keeper, index, n = self._tails[b]
+                by_keeper.setdefault(keeper, []).append((b, keeper, index, n))
         for keeper, ranges in by_keeper.items():
             try:
                 self.host.copy_out(ranges)
@@ -186,8 +217,10 @@ class CellKeeper:
                 self.demoting = False
                 self.max_idle_blocks = self._cell_idle_blocks
                 return
-            for block, _, _ in ranges:
-                del self._where[block]
+            for block, _, index, _ in ranges:
+                if self._where.pop(block, None) is None:
+                    del self._tails[block]
+                    self._host_tails[block] = index
             for _, lo, hi in runs(ranges):
                 self._release(keeper, lo, hi)
 

@@ -80,7 +80,7 @@ def host(cells: Cells, capacity: int = 8, cell_bytes: int = ROW * len(KINDS)) ->
 
 
 def test_runs_group_consecutive_indices_of_one_sequence():
-    ranges = [(10, 1, 0), (11, 1, 1), (12, 2, 2), (13, 1, 2), (14, 1, 4)]
+    ranges = [(10, 1, 0, BS), (11, 1, 1, BS), (12, 2, 2, BS), (13, 1, 2, BS), (14, 1, 4, 1)]
     assert runs(ranges) == [(1, 0, 3), (1, 4, 5), (2, 2, 3)]
 
 
@@ -93,7 +93,7 @@ def test_blocks_go_out_and_come_back_byte_for_byte_whatever_the_cell_order(order
     cells.put(2, range(3 * BS, 4 * BS))  # another's block 3
     want = {p: cells.seqs[1 if p < 3 * BS else 2][p] for p in range(4 * BS)}
     h = host(cells)
-    h.copy_out([(100, 1, 0), (101, 1, 1), (102, 1, 2), (103, 2, 3)])
+    h.copy_out([(100, 1, 0, BS), (101, 1, 1, BS), (102, 1, 2, BS), (103, 2, 3, BS)])
     assert SCRATCH not in cells.seqs or not cells.seqs[SCRATCH]  # the scratch let go
     for block, first in ((100, 0), (101, BS), (102, 2 * BS), (103, 3 * BS)):
         rows = h.rows(block)
@@ -112,7 +112,7 @@ def test_consecutive_blocks_of_a_sequence_are_copied_in_one_call():
     cells = Cells()
     cells.put(1, range(0, 5 * BS))
     h = host(cells)
-    h.copy_out([(100 + i, 1, i) for i in range(5)])
+    h.copy_out([(100 + i, 1, i, BS) for i in range(5)])
     assert cells.calls.count("seq_cp") == 1
 
 
@@ -120,13 +120,13 @@ def test_slots_are_reused_and_added_past_the_capacity():
     cells = Cells()
     cells.put(1, range(0, 3 * BS))
     h = host(cells, capacity=2)
-    h.copy_out([(100, 1, 0), (101, 1, 1), (102, 1, 2)])  # one more than the capacity
+    h.copy_out([(100, 1, 0, BS), (101, 1, 1, BS), (102, 1, 2, BS)])  # one more than the capacity
     assert set(h) == {100, 101, 102}
     h.drop(100)
     h.drop(100)  # dropping twice frees one slot once
     assert h.nbytes == 2 * BS * ROW * len(KINDS)
     cells.put(3, range(0, BS))
-    h.copy_out([(200, 3, 0)])
+    h.copy_out([(200, 3, 0, BS)])
     assert [bytes(r[0]) for r in h.rows(200)] == cells.seqs[3][0]
     assert [bytes(r[0]) for r in h.rows(101)] == cells.seqs[1][BS]  # untouched
 
@@ -136,5 +136,32 @@ def test_cells_unlike_the_runners_count_are_refused_and_nothing_is_stored():
     cells.put(1, range(0, BS))
     h = host(cells, cell_bytes=ROW * len(KINDS) + 2)
     with pytest.raises(StateFormatError, match="cells of 24 bytes where the runner counts 26"):
-        h.copy_out([(100, 1, 0)])
+        h.copy_out([(100, 1, 0, BS)])
     assert list(h) == [] and h.nbytes == 0
+
+
+def test_a_partial_last_block_goes_out_with_its_run_and_comes_back_alone_or_after_it():
+    cells = Cells(lambda ps: ps[::-1])
+    cells.put(1, range(0, 2 * BS + 3))  # two full blocks and 3 cells of a third
+    want = dict(cells.seqs[1])
+    h = host(cells)
+    h.copy_out([(100, 1, 0, BS), (101, 1, 1, BS), (102, 1, 2, 3)])
+    assert cells.calls.count("seq_cp") == 1  # the run's whole range: the tail's 3 cells
+    assert h.nbytes == (2 * BS + 3) * ROW * len(KINDS)
+    assert [len(r) for r in h.rows(102)] == [3] * len(KINDS)
+    h.copy_in([100, 101, 102], 0, lambda p0, p1: cells.llama_memory_seq_cp(
+        None, SCRATCH, 5, p0, p1))
+    assert cells.seqs[5] == want
+    h.copy_in([102], 2, lambda p0, p1: cells.llama_memory_seq_cp(None, SCRATCH, 6, p0, p1))
+    assert cells.seqs[6] == {p: want[p] for p in range(2 * BS, 2 * BS + 3)}
+    h.drop(102)
+    assert h.nbytes == 2 * BS * ROW * len(KINDS)
+
+
+def test_cells_missing_from_a_block_are_refused():
+    cells = Cells()
+    cells.put(1, range(0, BS - 1))  # a block said to be full has a cell missing
+    h = host(cells)
+    with pytest.raises(StateFormatError, match="3 cells for 1 blocks"):
+        h.copy_out([(100, 1, 0, BS)])
+    assert list(h) == []

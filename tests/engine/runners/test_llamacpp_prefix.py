@@ -132,11 +132,11 @@ class Host:
     def __iter__(self):
         return iter(self._rows)
 
-    def copy_out(self, ranges: list[tuple[int, int, int]]) -> None:
-        for block, seq, index in ranges:
+    def copy_out(self, ranges: list[tuple[int, int, int, int]]) -> None:
+        for block, seq, index, n in ranges:
             held = self.cells.held(seq)
             self._rows[block] = [p for p in range(index * BS, (index + 1) * BS) if p in held]
-            assert len(self._rows[block]) == BS
+            assert len(self._rows[block]) == n
 
     def copy_in(self, blocks: list[int], first_index: int, place) -> None:
         positions = [p for b in blocks for p in self._rows[b]]
@@ -190,3 +190,34 @@ def test_a_run_written_back_in_pieces_and_a_block_with_no_keeper_free_stays_in_h
     k.share([10, 11], dst=3)  # found again: 10 from host memory, 11 from its keeper
     assert sorted(cells.held(3)) == list(range(2 * BS))
     assert cells.held(SCRATCH) == {}
+
+
+def test_an_idle_partial_block_leaves_the_cells_and_a_continuing_sequence_gets_it_back():
+    cells, slots = Cells(), {1: 0}
+    k = host_keeper(cells, slots)
+    compute(cells, k, 1, 0, [10, 11])
+    cells.decode(0, range(2 * BS, 2 * BS + 3))  # 3 computed tokens of a third block
+    assert k.keep_tail(1, [10, 11, 12], 2, 3)
+    cells.llama_memory_seq_rm(None, 0, -1, -1)  # the sequence finishes
+    k.demote([10, 11, 12])  # idle, tail too: no cell stays taken
+    assert cells.cells == {} and set(k.host) == {10, 11, 12} and k.num_kept == 2
+    k.share([10, 11], dst=3)  # a continuing prompt: the full blocks, then the tail
+    k.grant_tail(2, 12)
+    k.take_grant(2, dst=3)
+    assert sorted(cells.held(3)) == list(range(2 * BS + 3))
+    assert 12 not in k.host and k._grants == {}
+    assert cells.held(SCRATCH) == {}
+
+
+def test_a_partial_block_in_host_memory_goes_when_evicted_or_its_grant_is_dropped():
+    cells, slots = Cells(), {1: 0, 2: 1}
+    k = host_keeper(cells, slots)
+    for seq, slot, block in ((1, 0, 20), (2, 1, 21)):
+        cells.decode(slot, range(2))
+        assert k.keep_tail(seq, [block], 0, 2)
+        cells.llama_memory_seq_rm(None, slot, -1, -1)
+    k.demote([20, 21])
+    k.evict(20)
+    k.grant_tail(5, 21)
+    k.forget_grant(5)  # granted, then not scheduled after all
+    assert set(k.host) == set() and cells.cells == {}

@@ -270,7 +270,8 @@ def test_a_kept_partial_block_holds_only_its_computed_positions(engine):
 
     try:
         assert kept.keep_tail(seq_id, table, 2, 3)  # 3 computed of the 5 cells there
-        keeper, index = kept._tails[-3]
+        keeper, index, n = kept._tails[-3]
+        assert n == 3
         assert index == 2
         assert positions_at_block_2(keeper) == [2 * bs, 2 * bs + 1, 2 * bs + 2]
     finally:
