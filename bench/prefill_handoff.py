@@ -87,7 +87,8 @@ class LlamaSeq:
         return bytes(data[:HEADER])
 
 
-def torch_prefill(prefill: TorchPrefill, ids: list[int]) -> tuple[bytes, np.ndarray, float]:
+def torch_prefill(prefill: TorchPrefill, ids: list[int]) -> tuple[np.ndarray, np.ndarray,
+                                                                 float]:
     """The prompt through the runner's torch side, whole: its state for llama.cpp, the
     last row's logits, the seconds the prefill took."""
     t0 = time.perf_counter()

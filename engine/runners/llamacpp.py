@@ -64,7 +64,7 @@ from engine.runners.base import (
     WarmupReport,
     config_eos_ids,
 )
-from engine.runners.llamacpp_host_blocks import HostBlocks
+from engine.runners.llamacpp_host_blocks import HostBlocks, available_memory, check_budget
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
 from engine.runners.llamacpp_streams import kv_streams
@@ -394,6 +394,7 @@ class LlamaCppRunner:
         ids = range(config.max_num_seqs, n_seq_max)
         host = None
         if host_blocks > 0 and len(ids) > 1:
+            check_budget(host_blocks * bytes_per_block, available_memory())
             host = HostBlocks(self.llama_cpp, self.ctx, self.memory, config.block_size,
                               scratch=ids[-1], capacity=host_blocks,
                               cell_bytes=bytes_per_block // config.block_size)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.runners.llamacpp_host_blocks import HEADER, get_state, set_state, write_state
+from engine.runners.llamacpp_host_blocks import HEADER, empty_state, get_state, set_state
 
 log = logging.getLogger(__name__)
 
@@ -98,30 +98,35 @@ class TorchPrefill:
     def tokens(self, seq_id: int) -> list[int]:
         return self._tokens[seq_id]
 
-    def state(self, seq_id: int) -> bytes:
+    def state(self, seq_id: int) -> np.ndarray:
         """``seq_id``'s KV in llama.cpp's sequence-state layout (sequence 0, positions from
-        0), its HF cache dropped."""
+        0), its HF cache dropped. Each layer's K and V go into the state in one copy each
+        (transposed, bf16 to f16, and for a "normal" rotary layout halves to pairs): the
+        state of a 3,000-token prompt took 0.13-0.57 s built from intermediate copies."""
         layers = self._caches.pop(seq_id).layers
         n = layers[0].keys.shape[2]
-        ks, vs = [], []
-        for layer in layers:
-            k = layer.keys[0].transpose(0, 1)  # [n, kv heads, head dim]
-            if self.rope_pairs:  # HF's halves -> llama.cpp's pairs, per head
+        row = self.kv_heads * layers[0].keys.shape[3] * 2  # f16
+        kinds = [(F16, row)] * (2 * len(layers))
+        buf, parts = empty_state(self.header, kinds, np.arange(n, dtype=np.int32))
+        with torch.inference_mode():
+            for i, layer in enumerate(layers):
+                k = layer.keys[0].transpose(0, 1)  # [n, kv heads, head dim]
                 d = k.shape[-1]
-                k = k.reshape(n, self.kv_heads, 2, d // 2).transpose(-1, -2)
-            ks.append(k.reshape(n, -1).to(torch.float16).numpy().view(np.uint8))
-            vs.append(layer.values[0].transpose(0, 1).reshape(n, -1)
-                      .to(torch.float16).numpy().view(np.uint8))
-        parts = ks + vs
-        return write_state(self.header, [(F16, p.shape[1]) for p in parts],
-                           np.arange(n, dtype=np.int32), parts)
+                dst = torch.from_numpy(parts[i]).view(torch.float16).view(n, self.kv_heads, d)
+                if self.rope_pairs:  # HF's halves -> llama.cpp's pairs, per head
+                    k = k.reshape(n, self.kv_heads, 2, d // 2).transpose(-1, -2)
+                    dst = dst.view(n, self.kv_heads, d // 2, 2)
+                dst.copy_(k)
+                v = torch.from_numpy(parts[len(layers) + i]).view(torch.float16)
+                v.view(n, self.kv_heads, d).copy_(layer.values[0].transpose(0, 1))
+        return buf
 
     def drop(self, seq_id: int) -> None:
         self._caches.pop(seq_id, None)
         self._tokens.pop(seq_id, None)
 
 
-def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: bytes) -> None:
+def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: np.ndarray) -> None:
     if not set_state(llama_cpp, ctx, slot, data):
         raise RuntimeError(f"llama.cpp did not take a handed-over KV of {len(data)} bytes")
 

@@ -12,6 +12,8 @@ import pytest
 from engine.runners.llamacpp_host_blocks import (
     HostBlocks,
     StateFormatError,
+    available_memory,
+    check_budget,
     parse_state,
     runs,
     write_state,
@@ -57,7 +59,7 @@ class Cells:
         parts = [np.frombuffer(b"".join(self.seqs[seq][int(p)][i] for p in positions),
                                np.uint8).reshape(len(positions), ROW)
                  for i in range(len(KINDS))]
-        return write_state(HEADER, KINDS, positions, parts)
+        return write_state(HEADER, KINDS, positions, parts).tobytes()
 
     def llama_state_seq_get_size(self, ctx, seq) -> int:
         return len(self._state(seq))
@@ -165,3 +167,31 @@ def test_cells_missing_from_a_block_are_refused():
     with pytest.raises(StateFormatError, match="3 cells for 1 blocks"):
         h.copy_out([(100, 1, 0, BS)])
     assert list(h) == []
+
+
+def test_a_host_budget_larger_than_the_memory_available_is_refused_naming_the_flag():
+    check_budget(1 << 30, 2 << 30)
+    check_budget(1 << 30, None)  # unknown: allowed
+    with pytest.raises(ValueError, match=r"--prefix-cache-host-memory: 3.00 GiB .* more than "
+                                         r"the 2.00 GiB of memory available"):
+        check_budget(3 << 30, 2 << 30)
+
+
+def test_the_memory_available_is_read_from_this_machine():
+    avail = available_memory()
+    assert avail is not None and avail > 0
+
+
+def test_many_blocks_are_copied_out_in_batches_of_bounded_bytes(monkeypatch):
+    import engine.runners.llamacpp_host_blocks as hb
+
+    monkeypatch.setattr(hb, "COPY_BYTES", 2 * BS * ROW * len(KINDS))  # two blocks a batch
+    cells = Cells(lambda ps: ps[::-1])
+    cells.put(1, range(0, 4 * BS + 2))
+    want = dict(cells.seqs[1])
+    h = host(cells)
+    h.copy_out([(100 + i, 1, i, BS) for i in range(4)] + [(104, 1, 4, 2)])
+    assert cells.calls.count("seq_cp") == 3  # 2 + 2 + 1 blocks
+    h.copy_in([100 + i for i in range(5)], 0, lambda p0, p1: cells.llama_memory_seq_cp(
+        None, SCRATCH, 5, p0, p1))
+    assert cells.seqs[5] == want
