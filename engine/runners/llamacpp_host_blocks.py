@@ -79,24 +79,32 @@ def parse_state(data: bytes | memoryview) -> SeqState:
     return SeqState(bytes(data[:HEADER]), meta[:, 0].copy(), kinds, parts)
 
 
-def page_buffer(size: int) -> np.ndarray:
+def page_buffer(size: int, populate: bool = False) -> np.ndarray:
     """``size`` bytes of fresh memory, mapped as they are (np.empty asks large arrays for
     huge pages, and where the kernel has none to give, first touching them took ~4x as
-    long here); given back to the system when the array goes."""
+    long here), touched now with ``populate``; given back when the array goes."""
     if not size:
         return np.empty(0, np.uint8)
-    return np.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
-                         dtype=np.uint8)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    if populate:
+        flags |= getattr(mmap, "MAP_POPULATE", 0)
+    return np.frombuffer(mmap.mmap(-1, size, flags=flags), dtype=np.uint8)
 
 
-def empty_state(header: bytes, kinds: list[tuple[int, int]], positions: np.ndarray,
-                out: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
-    """A state of cells at ``positions`` (one sequence) laid out in ``out`` (when large
-    enough) or a new buffer, each part's ``[cells, row bytes]`` rows left for the caller
-    to fill in place: no intermediate copies of a prompt's KV."""
+def grown(buf: np.ndarray, size: int) -> np.ndarray:
+    """``buf`` when it holds ``size`` bytes, else a new buffer that does (kept by the
+    caller for the next use: its pages are paid for once)."""
+    return buf if buf.size >= size else page_buffer(size)
+
+
+def empty_state(header: bytes, kinds: list[tuple[int, int]],
+                positions: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """A state of cells at ``positions`` (one sequence) laid out in a new buffer, each
+    part's ``[cells, row bytes]`` rows left for the caller to fill in place: no
+    intermediate copies of a prompt's KV."""
     n = len(positions)
     size = HEADER + 8 + 12 * n + 8 + sum(12 + n * row for _, row in kinds)
-    buf = out[:size] if out is not None and out.size >= size else page_buffer(size)
+    buf = page_buffer(size)
     buf[:HEADER] = np.frombuffer(header, np.uint8)
     mem = buf.data
     struct.pack_into("<II", mem, HEADER, 1, n)
@@ -124,13 +132,15 @@ def write_state(header: bytes, kinds: list[tuple[int, int]], positions: np.ndarr
     return buf
 
 
-def get_state(llama_cpp: Any, ctx: Any, seq: int) -> memoryview:
-    """``seq``'s state as llama.cpp writes it, straight into a numpy buffer (no copy)."""
+def get_state(llama_cpp: Any, ctx: Any, seq: int,
+              alloc: Callable[[int], np.ndarray] = page_buffer) -> memoryview:
+    """``seq``'s state as llama.cpp writes it, straight into a buffer of at least its size
+    from ``alloc`` (no copy)."""
     size = llama_cpp.llama_state_seq_get_size(ctx, seq)
-    buf = np.empty(size, dtype=np.uint8)
+    buf = alloc(size)
     if llama_cpp.llama_state_seq_get_data(ctx, _ptr(buf), size, seq) != size:
         raise RuntimeError("llama.cpp did not write a sequence state")
-    return buf.data
+    return buf[:size].data
 
 
 def set_state(llama_cpp: Any, ctx: Any, seq: int, data: bytes | np.ndarray) -> bool:
@@ -224,14 +234,9 @@ class HostBlocks:
         self._cols: list[slice] = []  # each part's bytes within a cell's
 
     def _slab(self, n: int) -> np.ndarray:
-        """``n`` slots in memory touched now (``MAP_POPULATE``; see ``page_buffer``)."""
+        """``n`` slots in memory touched now."""
         size = n * self.block_size * self.cell_bytes
-        if not size:
-            return np.empty((0, self.block_size, self.cell_bytes), dtype=np.uint8)
-        mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-                        | getattr(mmap, "MAP_POPULATE", 0))
-        return np.frombuffer(mem, dtype=np.uint8).reshape(n, self.block_size,
-                                                          self.cell_bytes)
+        return page_buffer(size, populate=True).reshape(n, self.block_size, self.cell_bytes)
 
     def __contains__(self, block: int) -> bool:
         return block in self._slot
@@ -256,24 +261,18 @@ class HostBlocks:
         for i in range(0, len(ordered), step):
             self._copy_out(ordered[i:i + step])
 
-    def _read_state(self) -> SeqState:
-        """The scratch sequence's state, written by llama.cpp into a buffer kept for the
-        next read (a new one each time paid for fresh pages: 7-120 ms for 3,000 cells)."""
-        lib = self.lib
-        size = lib.llama_state_seq_get_size(self.ctx, self.scratch)
-        if self._state_buf.size < size:
-            self._state_buf = page_buffer(size)
-        if lib.llama_state_seq_get_data(self.ctx, _ptr(self._state_buf), size,
-                                        self.scratch) != size:
-            raise RuntimeError("llama.cpp did not write a sequence state")
-        return parse_state(self._state_buf[:size].data)
+    def _state_buffer(self, size: int) -> np.ndarray:
+        """Where llama.cpp writes the scratch sequence's state: a buffer kept for the next
+        read (a new one each time paid for fresh pages: 7-120 ms for 3,000 cells)."""
+        self._state_buf = grown(self._state_buf, size)
+        return self._state_buf
 
     def _copy_out(self, ranges: list[Range]) -> None:
         bs, lib = self.block_size, self.lib
         for seq, lo, hi in runs(ranges):
             lib.llama_memory_seq_cp(self.memory, seq, self.scratch, lo * bs, hi * bs)
         try:
-            state = self._read_state()
+            state = parse_state(get_state(lib, self.ctx, self.scratch, self._state_buffer))
         finally:
             lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
         positions = state.positions
@@ -292,8 +291,7 @@ class HostBlocks:
         order = None if (np.diff(positions) > 0).all() else np.argsort(positions,
                                                                          kind="stable")
         width = self.cell_bytes
-        if self._stage.size < len(positions) * width:
-            self._stage = page_buffer(len(positions) * width)
+        self._stage = grown(self._stage, len(positions) * width)
         cells = self._stage[:len(positions) * width].reshape(len(positions), width)
         for part, cols in zip(state.parts, self._cols, strict=True):
             cells[:, cols] = part if order is None else part[order]
@@ -319,9 +317,9 @@ class HostBlocks:
         """Write ``blocks`` (consecutive indices from ``first_index``; only the last may be
         partial) back into cells of the scratch sequence and call ``place(p0, p1)`` for each
         position range written, to ``seq_cp`` them where they belong before the next range
-        replaces them. llama.cpp
-        writes a state into one run of consecutive free cells: a run it has no room for is
-        halved until it fits (one cell always does: the scheduler accounts for them)."""
+        replaces them. llama.cpp writes a state into one run of consecutive free cells: a
+        run it has no room for is halved until it fits (one cell always does: the
+        scheduler accounts for them)."""
         bs = self.block_size
         assert all(self._count[b] == bs for b in blocks[:-1]), "a partial block inside a run"
         cells = np.concatenate([self._slot[b][:self._count[b]] for b in blocks])
