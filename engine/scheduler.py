@@ -53,8 +53,9 @@ ALONE_CHUNK_FACTOR = 2
 
 # Partial last blocks of finished sequences kept for a runner that keeps KV itself (the
 # llama.cpp runner): a chat's next turn resends the previous answer, whose last 1-15
-# tokens fill no full block. Each stays in the runner's cells (a few cells each), so
-# only the most recent few are kept.
+# tokens fill no full block. Each holds a few of the runner's cells until it goes idle
+# (then host memory, where the runner has a host tier; its cells otherwise), so only the
+# most recent few are kept.
 MAX_TAILS = 16
 
 

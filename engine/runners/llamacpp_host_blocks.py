@@ -257,7 +257,7 @@ class HostBlocks:
         the next copy. Raises ``StateFormatError`` on a layout this module does not read
         (the first batch: nothing stored)."""
         step = max(1, COPY_BYTES // (self.block_size * self.cell_bytes))
-        ordered = sorted(ranges, key=lambda r: (r[1], r[2]))
+        ordered = sorted(ranges, key=lambda r: r[2])  # position order, as the state's
         for i in range(0, len(ordered), step):
             self._copy_out(ordered[i:i + step])
 
@@ -298,7 +298,7 @@ class HostBlocks:
         if order is not None:
             positions = positions[order]
         start = 0
-        for block, _, index, n in sorted(ranges, key=lambda r: r[2]):
+        for block, _, index, n in ranges:
             if not (positions[start:start + n] // bs == index).all():
                 raise StateFormatError(f"block {index}'s cells are not where expected")
             slot = self._take_slot()
