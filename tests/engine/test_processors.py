@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 
 import pytest
 import torch
@@ -231,11 +230,15 @@ class NoImmediateRepeat:
 class BatchedNoImmediateRepeat:
     """The same rule as a batched factory: one mask for all rows, built off-thread."""
 
-    def __init__(self, fail_batch: bool = False, fail_on_prompt=None) -> None:
+    def __init__(self, fail_batch: bool = False, fail_on_prompt=None,
+                 forward_started: threading.Event | None = None) -> None:
         self.fail_batch = fail_batch
         self.fail_on_prompt = fail_on_prompt
         self.prepare_threads: set[str] = set()
-        self.prepare_times: list[float] = []
+        # Set by the test when a forward begins: a prepare that waits for it proves the
+        # forward was launched without waiting for the prepare (no timing involved).
+        self.forward_started = forward_started
+        self.saw_forward: list[bool] = []
         self.created = self.released = 0
 
     def create(self):
@@ -247,7 +250,9 @@ class BatchedNoImmediateRepeat:
 
     def prepare_batch(self, products, prompt_ids, output_ids):
         self.prepare_threads.add(threading.current_thread().name)
-        self.prepare_times.append(time.perf_counter())
+        if self.forward_started is not None:
+            self.saw_forward.append(self.forward_started.wait(timeout=10))
+            self.forward_started.clear()
         if self.fail_batch:
             raise RuntimeError("batch prepare failed")
         return [out[-1] if out else None for out in output_ids]
@@ -260,37 +265,36 @@ class BatchedNoImmediateRepeat:
 
 
 def test_batched_factory_prepares_during_the_forward_and_matches_per_row(tiny_model_dir, ids):
-    def run(proc_or_factory, **kw):
+    def run(proc_or_factory, forward_started=None, **kw):
         engine = make_engine(tiny_model_dir, **kw)
-        spans = []
         execute = engine.runner.execute
 
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return execute(*a, **kw)
-            finally:
-                spans.append((t0, time.perf_counter()))
+        def signalled(*a, **kw):
+            if forward_started is not None:
+                forward_started.set()
+            return execute(*a, **kw)
 
-        engine.runner.execute = timed
+        engine.runner.execute = signalled
         params = SamplingParams(max_new_tokens=10, min_new_tokens=10, repetition_penalty=0.5,
                                 logits_processors=[proc_or_factory])
         res = run_to_completion(engine, {0: [(f"r{i}", p, params) for i, p in enumerate(ids)]})
-        return [res[f"r{i}"][0].token_ids for i in range(len(ids))], spans
+        return [res[f"r{i}"][0].token_ids for i in range(len(ids))]
 
-    per_row, _ = run(NoImmediateRepeat())
+    per_row = run(NoImmediateRepeat())
     inline_factory = BatchedNoImmediateRepeat()
-    inline, _ = run(inline_factory, overlap_prepare=False)
+    inline = run(inline_factory, overlap_prepare=False)
     assert inline == per_row
     assert inline_factory.prepare_threads == {threading.current_thread().name}
-    factory = BatchedNoImmediateRepeat()
-    batched, spans = run(factory, overlap_prepare=True)
+    started = threading.Event()
+    factory = BatchedNoImmediateRepeat(forward_started=started)
+    batched = run(factory, forward_started=started, overlap_prepare=True)
     assert batched == per_row
     for out in batched:  # the rule really applied (penalty 0.5 favours repeats)
         assert all(a != b for a, b in zip(out, out[1:], strict=False))
     assert factory.prepare_threads == {"genserve-prepare_0"}
-    # each prepare ran alongside a forward: started just before it or during it
-    assert all(any(s - 0.05 <= t <= e for s, e in spans) for t in factory.prepare_times)
+    # every prepare could wait for its step's forward to begin: the engine launched the
+    # forward without waiting for the prepare (inline, each wait would time out)
+    assert factory.saw_forward and all(factory.saw_forward)
     assert factory.created == factory.released == len(ids)
 
 
