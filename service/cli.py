@@ -462,6 +462,13 @@ def _run_serve(args) -> int:
         return 2
     try:
         server = asyncio.run(serve(config))
+    except ValueError as e:
+        # A refusal at start (a model feature the runner cannot honour, a budget larger than
+        # the machine, a flag the model contradicts): the message names it, as for a bad
+        # flag; the traceback is for whoever debugs genserve itself.
+        logging.getLogger("genserve").debug("start-up refused", exc_info=True)
+        print(f"genserve serve: error: {e}", file=sys.stderr)
+        return 2
     except Exception:
         logging.getLogger("genserve").exception("the server failed")
         return 1

@@ -238,3 +238,25 @@ def test_sigterm_drains_a_real_server_process(tiny_model_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_model_feature_refused_at_start_exits_2_with_one_line_naming_it(tiny_model_dir,
+                                                                          tmp_path):
+    import json
+    import shutil
+
+    model = tmp_path / "chunked"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["attention_chunk_size"] = 8  # chunked local attention: not implemented
+    (model / "config.json").write_text(json.dumps(config))
+    log = tmp_path / "serve.log"
+    proc, _ = serve(model, log, "--enforce-eager")
+    try:
+        assert proc.wait(timeout=120) == 2, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "genserve serve: error: " in text and "attention_chunk_size" in text, text
+    assert "Traceback" not in text, text
