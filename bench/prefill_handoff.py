@@ -4,7 +4,7 @@ llama.cpp (``llama_state_seq_set_data``), and decode there.
 
 Why: on this CPU llama.cpp's prefill of a 3,000-token prompt is no faster than HF
 ``generate`` fp32 (its flash-attention CPU kernel dominates at that length), while torch
-in bf16 (oneDNN's AVX512-BF16 GEMMs and SDPA's flash kernel) prefills it at ~0.7x HF.
+in bf16 (oneDNN's AVX512-BF16 GEMMs, attention as blocked GEMMs) prefills it at ~0.6x HF.
 llama.cpp decodes a single sequence ~6x faster than torch, so the pair keeps both.
 
 It prints, for one prompt per length: llama.cpp's own prefill, the torch prefill (fp32 and
@@ -31,6 +31,7 @@ from bench.default_server import hf_ttft, long_prompt
 from bench.llamacpp import gguf_path
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.runners.blocked_attention import NAME as BLOCKED
 from engine.runners.llamacpp import BatchArrays, default_threads, llama_lib
 from engine.runners.llamacpp_handoff import TorchPrefill, set_seq_state
 from engine.runners.llamacpp_host_blocks import HEADER, get_state
@@ -87,12 +88,16 @@ class LlamaSeq:
         return bytes(data[:HEADER])
 
 
-def torch_prefill(prefill: TorchPrefill, ids: list[int]) -> tuple[np.ndarray, np.ndarray,
-                                                                 float]:
-    """The prompt through the runner's torch side, whole: its state for llama.cpp, the
-    last row's logits, the seconds the prefill took."""
+def torch_prefill(prefill: TorchPrefill, ids: list[int],
+                  chunk: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The prompt through the runner's torch side in ``chunk``-token chunks (as the engine
+    runs a long prompt alone): its state for llama.cpp, the last row's logits, the seconds
+    the prefill took."""
     t0 = time.perf_counter()
-    logits = prefill.run(0, ids, 0, 1)
+    logits = None
+    for start in range(0, len(ids), chunk):
+        part = ids[start:start + chunk]
+        logits = prefill.run(0, part, start, 1 if start + chunk >= len(ids) else 0)
     seconds = time.perf_counter() - t0
     assert logits is not None
     return prefill.state(0), logits[0].numpy(), seconds
@@ -102,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 3000])
     ap.add_argument("--check-tokens", type=int, default=48)
+    ap.add_argument("--chunk", type=int, default=512,
+                    help="tokens a step (the engine's chunk for a long prompt alone)")
     args = ap.parse_args(argv)
     threads = default_threads()
     torch.set_num_threads(threads)
@@ -113,11 +120,13 @@ def main(argv: list[str] | None = None) -> None:
     assert config.model_type == "llama", "the rotary permutation here is Llama's"
     llm = LlamaSeq(gguf_path("default"), max(args.lengths) + args.check_tokens + 16, threads)
     header = llm.header()
+    # (label, dtype, attention): the runner's is bf16 with blocked_attention's
+    kinds = [("float32 sdpa", "float32", "sdpa"), ("bfloat16 sdpa", "bfloat16", "sdpa"),
+             ("bfloat16 blocked (the runner's)", "bfloat16", BLOCKED)]
     prefills = {}
     for dt, engine in engines.items():
-        model = engine.runner.model  # type: ignore[attr-defined]
-        model.set_attn_implementation("sdpa")  # plain HF forward with its own cache
-        prefills[dt] = TorchPrefill(model, threads, rope_pairs=True)
+        prefills[dt] = TorchPrefill(engine.runner.model, threads,  # type: ignore[attr-defined]
+                                    rope_pairs=True)
         prefills[dt].header = header
     for n in args.lengths:
         ids = long_prompt(fp32.tokenizer, n, n)
@@ -128,10 +137,10 @@ def main(argv: list[str] | None = None) -> None:
         hf_s = hf_ttft(fp32, ids)
         print(f"{n} tokens: llama.cpp prefill {own_s:.2f} s, HF generate first token "
               f"{hf_s:.2f} s")
-        for dt, prefill in prefills.items():
-            if dt == "float32":  # hf_ttft put the engine's own attention back
-                engines[dt].runner.model.set_attn_implementation("sdpa")  # type: ignore
-            state, last, torch_s = torch_prefill(prefill, ids)
+        for label, dt, attention in kinds:
+            prefill = prefills[dt]
+            prefill.model.set_attn_implementation(attention)  # HF forward, its own cache
+            state, last, torch_s = torch_prefill(prefill, ids, args.chunk)
             t0 = time.perf_counter()
             llm.clear()
             set_seq_state(llm.lib, llm.ctx, 0, state)
@@ -139,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
             got = llm.greedy(last, n, args.check_tokens)
             same = next((i for i, (a, b) in enumerate(zip(own, got, strict=True)) if a != b),
                         len(own))
-            print(f"  torch {dt} prefill {torch_s:.2f} s ({torch_s / hf_s:.2f}x HF), "
+            print(f"  torch {label} prefill {torch_s:.2f} s ({torch_s / hf_s:.2f}x HF), "
                   f"hand-off {hand_s * 1000:.0f} ms; llama.cpp's greedy from it: first "
                   f"{same}/{len(own)} tokens equal to its own")
 

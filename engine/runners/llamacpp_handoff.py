@@ -1,14 +1,15 @@
 """Long prompts on the llama.cpp runner prefilled by the torch model in bf16, their KV
 handed to llama.cpp, which decodes them (``--torch-prefill-tokens``).
 
-Why: on a CPU with AVX512-BF16, torch in bf16 (oneDNN's BF16 GEMMs, SDPA's flash kernel)
-prefills a long prompt in ~0.6-0.75x the time of HF ``generate`` fp32, while llama.cpp's
-own prefill is no faster than HF there (its flash-attention CPU kernel dominates at
-thousands of tokens); llama.cpp decodes a single sequence ~6x faster than torch. Measured
-2026-11-26 on the default model (``python -m bench.prefill_handoff``): 1,024 tokens torch
-bf16 1.07-1.16 s vs HF 1.75-1.99 s, 3,000 tokens 4.5-4.9 s vs 7.4 s; the KV handed over
-(~45 ms / ~130 ms) gave llama.cpp's greedy decoding 48 of 48 tokens equal to its own
-prefill's at both lengths.
+Why: on a CPU with AVX512-BF16, torch in bf16 (oneDNN's BF16 GEMMs, the attention as
+blocked GEMMs: ``blocked_attention``) prefills a long prompt in ~0.55-0.65x the time of HF
+``generate`` fp32, while llama.cpp's own prefill is no faster than HF there (its
+flash-attention CPU kernel dominates at thousands of tokens); llama.cpp decodes a single
+sequence ~6x faster than torch. Measured on the default model (``python -m
+bench.prefill_handoff``, 512-token chunks as the engine runs a long prompt alone;
+2026-11-27): 1,024 tokens 1.03 s (SDPA's attention 1.22 s) vs HF 1.93 s, 3,000 tokens
+3.91 s (SDPA 5.51 s) vs HF 6.23 s; llama.cpp's greedy decoding from the KV handed over
+was 48 of 48 tokens equal to its own prefill's at both lengths.
 
 How: the prompt still arrives in the scheduler's chunks (so short requests keep being
 admitted beside it); each chunk runs through the torch model with the sequence's HF cache;
@@ -133,11 +134,12 @@ def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: np.ndarray) -> None
 
 
 def load_torch_prefill(source: Any, threads: int, rope_pairs: bool) -> TorchPrefill:
-    """The model from the weights cache in bf16 with SDPA attention (raises what loading
-    raises)."""
+    """The model from the weights cache in bf16, its attention ``blocked_attention``'s
+    (raises what loading raises)."""
     from engine.loading.model_loader import load_model
+    from engine.runners.blocked_attention import NAME
 
-    model = load_model(source, torch.bfloat16, torch.device("cpu"), "sdpa")
+    model = load_model(source, torch.bfloat16, torch.device("cpu"), NAME)
     if not hasattr(model, "model") or not hasattr(model, "lm_head"):
         raise ValueError(f"{type(model).__name__} has no .model / .lm_head")
     return TorchPrefill(model, threads, rope_pairs)
