@@ -31,11 +31,13 @@ HARMLESS = {"position_ids", "cache_position", "output_attentions", "is_causal",
             "use_cache", "past_key_values", "position_embeddings"}
 
 
-def _plain(module: Any, query: torch.Tensor, key: torch.Tensor, dropout: float,
-           kwargs: dict[str, Any]) -> bool:
+def _plain(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           dropout: float, kwargs: dict[str, Any]) -> bool:
     """Whether this call is the plain causal attention of one sequence."""
     if query.shape[0] != 1 or dropout or query.shape[1] % key.shape[1]:
         return False
+    if value.shape[1] != key.shape[1] or value.shape[-1] != query.shape[-1]:
+        return False  # e.g. multi-head latent attention's value width
     if getattr(module, "sliding_window", None) or kwargs.get("is_causal") is False:
         return False
     return all(v is None or v is False or k in HARMLESS for k, v in kwargs.items())
@@ -48,7 +50,7 @@ def blocked_causal_attention(module: Any, query: torch.Tensor, key: torch.Tensor
     """transformers' attention-interface signature: ``query [1, heads, L, d]``, ``key`` /
     ``value [1, kv heads, past + L, d]``; returns ``[1, L, heads, d]``. The mask is not read
     (batch 1 without padding: causal with the offset ``past``)."""
-    if not _plain(module, query, key, dropout, kwargs):
+    if not _plain(module, query, key, value, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask,
                                       dropout=dropout, scaling=scaling, **kwargs)
     _, heads, n_q, d = query.shape

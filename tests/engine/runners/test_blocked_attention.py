@@ -61,7 +61,7 @@ def test_a_memory_bound_on_scores_shrinks_the_blocks_not_the_result(monkeypatch)
 
 
 @pytest.mark.parametrize("case", ["sliding_window", "softcap", "s_aux", "batch_2", "dropout",
-                                  "module_window", "not_causal"])
+                                  "module_window", "not_causal", "value_width"])
 def test_anything_but_plain_causal_attention_goes_to_sdpa(monkeypatch, case):
     calls = []
 
@@ -80,6 +80,8 @@ def test_anything_but_plain_causal_attention_goes_to_sdpa(monkeypatch, case):
         q, k, v = (torch.cat([t, t]) for t in (q, k, v))
     elif case == "dropout":
         dropout = 0.1
+    elif case == "value_width":
+        v = torch.cat([v, v], dim=-1)
     elif case == "module_window":
         module = types.SimpleNamespace(num_key_value_groups=3, sliding_window=4)
     else:
