@@ -457,15 +457,11 @@ def _run_serve(args) -> int:
             tgis=TgisOptions(default_include_stop_seqs=args.default_include_stop_seqs),
             served_model_name=args.served_model_name, seed=args.seed,
             health_port=args.health_port, otlp_traces_endpoint=args.otlp_traces_endpoint)
-    except ValueError as e:
-        print(f"genserve serve: error: {e}", file=sys.stderr)
-        return 2
-    try:
         server = asyncio.run(serve(config))
     except ValueError as e:
-        # A refusal at start (a model feature the runner cannot honour, a budget larger than
-        # the machine, a flag the model contradicts): the message names it, as for a bad
-        # flag; the traceback is for whoever debugs genserve itself.
+        # A bad flag, or a refusal at start (a model feature the runner cannot honour, a
+        # budget larger than the machine): the message names it; the traceback is for
+        # whoever debugs genserve itself.
         logging.getLogger("genserve").debug("start-up refused", exc_info=True)
         print(f"genserve serve: error: {e}", file=sys.stderr)
         return 2

@@ -61,19 +61,19 @@ def blocked_causal_attention(module: Any, query: torch.Tensor, key: torch.Tensor
     q = (query * scale).view(1, kv_heads, group, n_q, d)
     out = torch.empty(1, kv_heads, group, n_q, d, dtype=query.dtype, device=query.device)
     rows = max(16, min(ROWS, SCORES_BYTES // (heads * n_kv * query.element_size())))
-    size = kv_heads * group * min(rows, n_q) * n_kv
-    scores_buf, probs_buf = _workspace(2 * size, query).split(size)
+    most = heads * min(rows, n_q) * n_kv
+    scores_buf, probs_buf = _workspace(2 * most, query).split(most)
     for start in range(0, n_q, rows):
         end = min(start + rows, n_q)
         n, seen = end - start, past + end
-        shape = (1, kv_heads, group * n, seen)
+        shape, numel = (1, kv_heads, group * n, seen), heads * n * seen
         block = q[:, :, :, start:end].reshape(1, kv_heads, group * n, d)
-        scores = scores_buf[:group * n * seen * kv_heads].view(shape)
+        scores = scores_buf[:numel].view(shape)
         torch.matmul(block, key[:, :, :seen].transpose(-1, -2), out=scores)
         diagonal = scores.view(1, kv_heads, group, n, seen)[..., past + start:]
         diagonal.masked_fill_(torch.ones(n, n, dtype=torch.bool, device=query.device)
                               .triu(1), float("-inf"))
-        probs = probs_buf[:scores.numel()].view(shape)
+        probs = probs_buf[:numel].view(shape)
         torch.softmax(scores, dim=-1, out=probs)
         out[:, :, :, start:end] = torch.matmul(probs, value[:, :, :seen]).view(
             1, kv_heads, group, n, d)
