@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+import specdecode.worker
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.runners import llamacpp_handoff
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
+from specdecode.config import SpeculativeConfig
+from specdecode.worker import speculator_for
 from tests.engine.long_prefill import prompt_of
 from tests.engine.test_engine import run_to_completion
 
@@ -128,6 +131,39 @@ def test_blocks_are_cached_once_handed_over_and_a_later_prompt_hits_them(engine,
     assert len(handovers) == 1  # the hit prefilled only its tail, in llama.cpp
     ref = run_to_completion(own, {0: [("r", prompt, greedy())]})["r"][0].token_ids
     assert tokens == ref
+
+
+@pytest.mark.parametrize("speculate", [False, True], ids=["plain", "ngram"])
+def test_a_prompt_whose_last_chunk_is_its_last_token_finishes_the_hand_over(
+        engine, own, handovers, monkeypatch, speculate):
+    """513 tokens alone: a 512-token chunk in torch, then the last prompt token, which the
+    step runs as a decode row (with n-gram proposals after it when speculating). That row
+    ends the hand-over: it once met llama.cpp cells that were never filled and crashed the
+    engine loop (found by a soak: "a chunk at position 512 after only 0 cached positions")."""
+    ids = prompt_of(engine.tokenizer, 513, "Clouds drift over the valley in the late day. ")
+    ends = []
+    real = llamacpp_handoff.TorchPrefill.run
+
+    def run(self, seq_id, token_ids, start_pos, num_logits):
+        if num_logits:
+            ends.append((start_pos, len(token_ids), num_logits))
+        return real(self, seq_id, token_ids, start_pos, num_logits)
+
+    monkeypatch.setattr(llamacpp_handoff.TorchPrefill, "run", run)
+    target = engine
+    if speculate:  # proposing whenever the n-gram finds any (not only where it pays)
+        monkeypatch.setattr(specdecode.worker, "worth_proposing", lambda k, alpha, cost: k)
+        target = LLMEngine(config(), speculator=speculator_for(
+            SpeculativeConfig(method="ngram", num_spec_tokens=3)))
+        handovers.clear()  # its start-up probe's
+        ends.clear()
+    got = run_to_completion(target, {0: [("r", ids, greedy())]})["r"][0].token_ids
+    ref = run_to_completion(own, {0: [("r", ids, greedy())]})["r"][0].token_ids
+    assert got == ref and len(handovers) == 1
+    assert ends[0][:2] == (512, ends[0][2])  # the last token and its proposals
+    assert (ends[0][2] > 1) == speculate
+    assert not any(s in target.runner.handoff for s in range(100))
+    assert target.scheduler.allocator.num_used == 0
 
 
 def test_an_abort_mid_prefill_leaves_no_torch_cache_and_no_blocks(engine, handovers):
