@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "genserve_blocked_causal"
 ROWS = 256  # query rows a block (128 and 256 read the same here; 512 was slower)
@@ -97,3 +98,7 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
 
 
 AttentionInterface.register(NAME, blocked_causal_attention)
+# transformers builds no mask at all for an attention name without a mask function, so
+# the sliding-window layers that go to SDPA here would see every earlier token: SDPA's
+# masks (None where a plain causal chunk allows it, which the blocked path assumes).
+AttentionMaskInterface.register(NAME, sdpa_mask)

@@ -89,3 +89,39 @@ def test_anything_but_plain_causal_attention_goes_to_sdpa(monkeypatch, case):
     out, _ = blocked_causal_attention(module, q, k, v, None, dropout=dropout, scaling=0.3,
                                       **kwargs)
     assert out == "sdpa" and len(calls) == 1
+
+
+def _tiny(family: str):
+    """A tiny random model with sliding-window layers shorter than the test's prompt:
+    Mistral (every layer), Gemma 3 (local layers between global ones)."""
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig
+
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  max_position_embeddings=256, sliding_window=8)
+    config = (MistralConfig(**common) if family == "mistral" else
+              Gemma3TextConfig(**common, sliding_window_pattern=2, query_pre_attn_scalar=16,
+                               final_logit_softcapping=None))
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_a_sliding_window_model_in_chunks_equals_its_eager_attention(family):
+    """The torch prefill runs the model with this attention in chunks on a cache, with no
+    mask of its own: the sliding layers (which go to SDPA) must still see only their
+    window, as transformers' eager attention does over the whole prompt."""
+    from transformers import DynamicCache
+
+    model = _tiny(family)
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        model.set_attn_implementation("eager")
+        want = model(ids).logits[0]
+        model.set_attn_implementation(blocked_attention.NAME)
+        cache, rows = DynamicCache(), []
+        for start, end in ((0, 24), (24, 33), (33, 40)):
+            hidden = model.model(input_ids=ids[:, start:end], cache=cache,
+                                 use_cache=True).last_hidden_state
+            rows.append(model.lm_head(hidden[0]))
+    torch.testing.assert_close(torch.cat(rows), want, atol=1e-4, rtol=1e-4)
