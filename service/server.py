@@ -48,6 +48,9 @@ PRESTART_POLL_S = 0.25
 # How long no call must be in flight before a drain stops the server: longer than the
 # loop takes to dispatch a call gRPC accepted before its GOAWAY, even on a loaded machine.
 DISPATCH_SETTLE_S = 0.5
+# At most this long between NOT_SERVING and GOAWAY while calls still arrive (clients that
+# do not watch health keep sending until the GOAWAY).
+MOVE_AWAY_MAX_S = 2.0
 
 
 async def wait_until_idle(idle: Callable[[], bool], for_s: float, poll_s: float,
@@ -338,8 +341,15 @@ class GenServer:
         self.state.draining = True
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         deadline = time.monotonic() + grace
-        stopping = asyncio.ensure_future(self.server.stop(grace=grace))  # GOAWAY now
         margin = min(2.0, grace / 4)
+        # Clients that watch health (round_robin with a healthCheckConfig, as genserve's
+        # Python client) stop picking this replica on NOT_SERVING; until new calls stop
+        # coming, keep accepting them. gRPC's stop cancels (CANCELLED, not retried) any
+        # call its core holds undispatched at that moment or receives before the client
+        # reads the GOAWAY; clients that do not watch health meet that race after the wait.
+        await self._wait_moved_away(min(time.monotonic() + MOVE_AWAY_MAX_S,
+                                        deadline - margin))
+        stopping = asyncio.ensure_future(self.server.stop(grace=grace))  # GOAWAY now
         await self._wait_settled(deadline - margin)
         if self.state.in_flight and self.engine is not None and not self._forced:
             log.warning("grace running out: ending %d in-flight calls (ABORTED)",
@@ -395,6 +405,13 @@ class GenServer:
                 await self._wait_in_flight(until)
                 quiet_since = time.monotonic()
             elif time.monotonic() - quiet_since >= DISPATCH_SETTLE_S:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _wait_moved_away(self, until: float) -> None:
+        """Until no generation call has started for ``DISPATCH_SETTLE_S``."""
+        while time.monotonic() < until and not self._forced:
+            if time.monotonic() - self.state.last_call_at >= DISPATCH_SETTLE_S:
                 return
             await asyncio.sleep(0.05)
 

@@ -133,6 +133,7 @@ class ServerState:
     draining: bool = False
     closing: bool = False
     in_flight: int = 0
+    last_call_at: float = 0.0  # time.monotonic() of the newest generation call's start
 
 
 @dataclass
@@ -289,6 +290,7 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
             self._check_open()
             if generation:
                 self.state.in_flight += 1
+                self.state.last_call_at = time.monotonic()
                 counted = True
             yield call
         except asyncio.CancelledError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import grpc
 import pytest
@@ -101,3 +102,25 @@ def test_unavailable_is_retried_on_another_replica(replicas):
         with Client(_target(replicas), max_attempts=3, timeout=30) as c:
             for i in range(6):
                 assert c.generate(f"call {i}", max_new_tokens=2).usage.completion_tokens == 2
+
+
+def test_round_robin_sends_no_call_to_a_replica_whose_health_is_not_serving(replicas):
+    """The client watches each replica's health: one that turns NOT_SERVING (a drain
+    starting) gets no new calls, before any GOAWAY; back to SERVING, it gets them again."""
+    from grpc_health.v1 import health_pb2
+
+    def health(running, status):
+        running.call(lambda: running.server._set_health(status))
+
+    with Client(_target(replicas), timeout=30, wait_for_ready=True) as c:
+        c.wait_until_serving(10, service="")
+        health(replicas[0], health_pb2.HealthCheckResponse.NOT_SERVING)
+        time.sleep(0.5)  # the watch's update reaching the client's channel
+        try:
+            before = [_generate_ok(r) for r in replicas]
+            for i in range(8):
+                assert c.generate(f"call {i}", max_new_tokens=2).usage.completion_tokens == 2
+            got = [_generate_ok(r) - b for r, b in zip(replicas, before, strict=True)]
+            assert got == [0, 8], got
+        finally:
+            health(replicas[0], health_pb2.HealthCheckResponse.SERVING)

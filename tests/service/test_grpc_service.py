@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from genserve.v1 import generation_pb2 as pb
 from genserve.v1 import generation_pb2_grpc as pb_grpc
-from service.server import GenServer, ServerConfig
+from service.server import MOVE_AWAY_MAX_S, GenServer, ServerConfig
 from tests.service.conftest import MAX_MODEL_LEN, new_loop, start_server, stop_server, wait_until
 
 Code = grpc.StatusCode
@@ -351,9 +351,17 @@ def test_drain_finishes_in_flight_work_and_refuses_new_calls(make_engine):
         for name in ("", "genserve.v1.GenerationService", "fmaas.GenerationService"):
             assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
                 health_pb2.HealthCheckResponse.NOT_SERVING
-        with pytest.raises(grpc.RpcError) as e:  # GOAWAY sent: the main port refuses
-            stub.Generate(req())
-        assert e.value.code() == Code.UNAVAILABLE
+        # Until new calls stop coming (at most MOVE_AWAY_MAX_S) they are served; then the
+        # GOAWAY, and the main port refuses
+        assert stub.Generate(req()).completions[0].text is not None
+        refused_by = time.monotonic() + MOVE_AWAY_MAX_S + 5
+        while True:
+            try:
+                stub.Generate(req(), timeout=10)
+            except grpc.RpcError as e:
+                assert e.code() == Code.UNAVAILABLE
+                break
+            assert time.monotonic() < refused_by
         resp = in_flight.result(60)
         assert resp.completions[0].finish_reason == pb.FINISH_REASON_LENGTH
         assert resp.usage.completion_tokens == 120

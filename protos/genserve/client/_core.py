@@ -546,6 +546,10 @@ class ChannelSettings:
         config: dict[str, Any] = {}
         if self.load_balancing is not None:
             config["loadBalancingConfig"] = [{self.load_balancing: {}}]
+        if self.load_balancing == "round_robin":
+            # grpc.health.v1 Watch on each replica: one that turns NOT_SERVING (a drain)
+            # gets no new calls before its GOAWAY
+            config["healthCheckConfig"] = {"serviceName": ""}
         if self.max_attempts > 1:
             # UNAVAILABLE only: the call did not run (no replica ready, or one draining), so
             # another attempt, likely on another replica with round_robin, is safe.
