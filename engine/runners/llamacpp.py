@@ -626,17 +626,20 @@ class LlamaCppRunner:
         rows: list[int] = []  # batch index of each returned row, in contract order
         extra: list[int] = []  # prompt-logprob rows, after every sampled row
         seen: set[int] = set()
-        handed: list[tuple[int, torch.Tensor]] = []  # (contract row, logits) from torch
-        finishing = self._handoff_rows(decodes)
+        # A prompt in the torch prefill whose last chunk is its one last token (with any
+        # proposals after it) comes as decode rows: they are the chunk ending the hand-over
+        ending: dict[int, tuple[int, PrefillWork]] = {}  # seq -> (first row, that chunk)
         for r in decodes:  # a sequence's rows (batch expansion) come in position order
-            if r.seq_id in finishing:
-                work = finishing[r.seq_id]
-                if work is not None:  # all its rows at once (the later ones: no-ops)
-                    got = self._torch_prefill(work)
-                    assert got is not None
-                    handed.extend((len(rows) + i, row) for i, row in enumerate(got))
-                    rows.extend([-1] * len(got))
-                    finishing[r.seq_id] = None
+            if self.handoff is not None and r.seq_id in self.handoff:
+                if r.seq_id in ending:
+                    work = ending[r.seq_id][1]
+                    work.token_ids.append(r.token_id)
+                    work.num_logits += 1
+                else:
+                    ending[r.seq_id] = (len(rows), PrefillWork(
+                        [r.token_id], r.position, r.block_table, True, seq_id=r.seq_id,
+                        adapter_slot=r.adapter_slot))
+                rows.append(-1)
                 continue
             if r.seq_id in seen:
                 slot = self._slot_of[r.seq_id]
@@ -649,6 +652,11 @@ class LlamaCppRunner:
             tokens.append(r.token_id)
             positions.append(r.position)
             slots.append(slot)
+        handed: list[tuple[int, torch.Tensor]] = []  # (contract row, logits) from torch
+        for first, work in ending.values():
+            got = self._torch_prefill(work)
+            assert got is not None
+            handed.extend((first + i, row) for i, row in enumerate(got))
         for work in prefills:
             n = len(work.token_ids)
             if self._torch_prefills(work):
@@ -685,26 +693,6 @@ class LlamaCppRunner:
                 self._decode(tokens, positions, slots, [len(tokens) - 1])
         for i, row in handed:
             out[i] = row
-        return out
-
-    def _handoff_rows(self, decodes: list[DecodeRow]) -> dict[int, PrefillWork | None]:
-        """A prompt in the torch prefill whose last chunk is its one last token (with any
-        proposals after it) comes as decode rows: those rows as the chunk that ends the
-        hand-over, by sequence."""
-        h = self.handoff
-        if h is None or not any(r.seq_id in h for r in decodes):
-            return {}
-        out: dict[int, PrefillWork | None] = {}
-        for r in decodes:
-            if r.seq_id not in h:
-                continue
-            work = out.get(r.seq_id)
-            if work is None:
-                out[r.seq_id] = PrefillWork([r.token_id], r.position, r.block_table, True,
-                                            seq_id=r.seq_id, adapter_slot=r.adapter_slot)
-            else:
-                work.token_ids.append(r.token_id)
-                work.num_logits += 1
         return out
 
     def _torch_prefills(self, work: PrefillWork) -> bool:
