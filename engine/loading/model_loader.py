@@ -173,6 +173,15 @@ def _from_pretrained_kwargs(source: ModelSource) -> dict[str, Any]:
     return {"gguf_file": source.gguf_file} if source.gguf_file else {}
 
 
+def _model_kwargs(source: ModelSource) -> dict[str, Any]:
+    """``_from_pretrained_kwargs`` for a model: a .gguf loaded directly (no cache entry)
+    gets the config its entry would have (``weights_cache.gguf_config``)."""
+    if not source.gguf_file:
+        return {}
+    return {"gguf_file": source.gguf_file,
+            "config": weights_cache.gguf_config(Path(source.directory) / source.gguf_file)}
+
+
 def config_dtype(source: ModelSource) -> torch.dtype | None:
     """The checkpoint's own dtype (config.json's ``dtype``/``torch_dtype``); None for a
     .gguf or when it says nothing."""
@@ -205,8 +214,9 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     check_remote_code(source, trust_remote_code)
-    return _load_via_cache(source, lambda s: AutoConfig.from_pretrained(
-        s.directory, trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)))
+    return _load_via_cache(source, lambda s: weights_cache.gguf_config(
+        Path(s.directory) / s.gguf_file) if s.gguf_file else AutoConfig.from_pretrained(
+        s.directory, trust_remote_code=trust_remote_code))
 
 
 def load_tokenizer(source: ModelSource, trust_remote_code: bool = False,
@@ -242,7 +252,7 @@ def load_model(source: ModelSource, dtype: torch.dtype, device: torch.device,
     # Typed Any: transformers' own annotation of .to() confuses type checkers.
     model: Any = _load_via_cache(source, lambda s: AutoModelForCausalLM.from_pretrained(
         s.directory, dtype=dtype, attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)))
+        trust_remote_code=trust_remote_code, **_model_kwargs(s)))
     model.to(device).eval()
     n_params = sum(p.numel() for p in model.parameters())
     log.info("loaded model %s (%s, %.1fM params, %s on %s) in %.1fs", source.model_id,

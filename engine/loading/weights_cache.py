@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "GENSERVE_CACHE_DIR"
 MANIFEST = "genserve-cache.json"
-FORMAT = 1  # bump when the entry layout or the conversion changes: old entries are ignored
+FORMAT = 2  # bump when the entry layout or the conversion changes: old entries are ignored
 _SAMPLE_BYTES = 1 << 20
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0  # a temporary directory this old is a crashed conversion's: removed
@@ -269,6 +269,21 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     save_converted(*load_gguf(gguf), out)
 
 
+def gguf_config(gguf: Path) -> Any:
+    """transformers' config of ``gguf``, with what its GGUF loader drops put back: LongRoPE's
+    factors (``rope_scaling.gguf_rope_parameters``)."""
+    from transformers import AutoConfig
+
+    from engine.loading.rope_scaling import gguf_rope_parameters
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    rope = gguf_rope_parameters(gguf)
+    if rope is not None:
+        config.rope_parameters = {**(config.rope_parameters or {}), **rope}
+        config.original_max_position_embeddings = rope["original_max_position_embeddings"]
+    return config
+
+
 def load_gguf(gguf: Path) -> tuple[Any, Any]:
     """(tokenizer, model) loaded from ``gguf`` by transformers, dequantised to float32."""
     import torch
@@ -277,6 +292,7 @@ def load_gguf(gguf: Path) -> tuple[Any, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 config=gguf_config(gguf),
                                                  dtype=torch.float32)
     return tokenizer, model
 

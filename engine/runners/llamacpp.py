@@ -56,6 +56,7 @@ from engine.loading.model_loader import (
     resolve_model,
     use_chat_template,
 )
+from engine.loading.rope_scaling import llama_cpp_overrides
 from engine.runners import llamacpp_handoff
 from engine.runners.base import (
     DEFAULT_MAX_MODEL_LEN,
@@ -243,7 +244,22 @@ class LlamaCppRunner:
             torch.set_num_threads(1)
 
         start = time.perf_counter()
+        self._overrides: dict[str, int] = {}
         self.model = self._load(path)
+        model_max = llama_cpp.llama_model_n_ctx_train(self.model) or DEFAULT_MAX_MODEL_LEN
+        self.max_model_len = min(model_max, config.max_model_len or DEFAULT_MAX_MODEL_LEN)
+        if config.max_model_len and config.max_model_len > model_max:
+            log.warning("max_model_len %d exceeds the model's %d; using %d",
+                        config.max_model_len, model_max, model_max)
+        arch = self._meta("general.architecture")
+        # LongRoPE: llama.cpp would pick its factors from the context size; it takes ours
+        self._overrides, rope_note = llama_cpp_overrides(str(arch), self._meta, model_max,
+                                                         self.max_model_len)
+        if self._overrides:
+            llama_cpp.llama_model_free(self.model)
+            self.model = self._load(path)
+        if rope_note:
+            log.log(rope_note[0], "llama.cpp runner: %s", rope_note[1])
         self.quantization = self._ftype()
         self.requantized_from: str | None = None
         target = target_format(config.requantize, self.quantization)
@@ -267,14 +283,8 @@ class LlamaCppRunner:
         n_head_kv = llama_cpp.llama_model_n_head_kv(self.model)
         head_dim = llama_cpp.llama_model_n_embd(self.model) // llama_cpp.llama_model_n_head(
             self.model)
-        arch = self._meta("general.architecture")
         k_dim = int(self._meta(f"{arch}.attention.key_length") or head_dim)
         v_dim = int(self._meta(f"{arch}.attention.value_length") or head_dim)
-        model_max = llama_cpp.llama_model_n_ctx_train(self.model) or DEFAULT_MAX_MODEL_LEN
-        self.max_model_len = min(model_max, config.max_model_len or DEFAULT_MAX_MODEL_LEN)
-        if config.max_model_len and config.max_model_len > model_max:
-            log.warning("max_model_len %d exceeds the model's %d; using %d",
-                        config.max_model_len, model_max, model_max)
 
         bytes_per_cell = n_layer * n_head_kv * (k_dim + v_dim) * KV_BYTES_PER_ELEMENT
         bytes_per_block = bytes_per_cell * config.block_size
@@ -423,6 +433,9 @@ class LlamaCppRunner:
     def _load(self, path: str) -> Any:
         mparams = self.llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        overrides = self._kv_overrides()
+        if overrides is not None:
+            mparams.kv_overrides = overrides
         with llama_errors(self.llama_cpp) as errors:
             model = self.llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not model:
@@ -430,6 +443,22 @@ class LlamaCppRunner:
             raise ValueError(f"llama.cpp could not load {path} (general.architecture "
                              f"{gguf_architecture(path)!r}): {reason}")
         return model
+
+    def _kv_overrides(self) -> Any:
+        """``self._overrides`` as llama.cpp's array of integer metadata overrides (ended by
+        an empty key), None when there are none. Kept on the runner: llama.cpp reads it
+        while loading."""
+        if not self._overrides:
+            return None
+        lc = self.llama_cpp
+        array = (lc.llama_model_kv_override * (len(self._overrides) + 1))()
+        for item, (key, value) in zip(array, self._overrides.items(), strict=False):
+            item.key = key.encode()
+            item.tag = lc.LLAMA_KV_OVERRIDE_TYPE_INT
+            item.value.val_i64 = value
+        array[-1].key = b""
+        self._override_array = array
+        return array
 
     def _ftype(self) -> str:
         lc = self.llama_cpp

@@ -133,13 +133,16 @@ def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: np.ndarray) -> None
 
 
 
-def load_torch_prefill(source: Any, threads: int, rope_pairs: bool) -> TorchPrefill:
-    """The model from the weights cache in bf16, its attention ``blocked_attention``'s
-    (raises what loading raises)."""
+def load_torch_prefill(source: Any, threads: int, rope_pairs: bool,
+                       max_model_len: int) -> TorchPrefill:
+    """The model from the weights cache in bf16, its attention ``blocked_attention``'s,
+    its RoPE fixed as the runner's llama.cpp runs it (raises what loading raises)."""
     from engine.loading.model_loader import load_model
+    from engine.loading.rope_scaling import fix_rotary
     from engine.runners.blocked_attention import NAME
 
     model = load_model(source, torch.bfloat16, torch.device("cpu"), NAME)
+    fix_rotary(model, max_model_len)
     if not hasattr(model, "model") or not hasattr(model, "lm_head"):
         raise ValueError(f"{type(model).__name__} has no .model / .lm_head")
     return TorchPrefill(model, threads, rope_pairs)
@@ -197,7 +200,8 @@ def start(runner: Any, source: Any, min_tokens: int) -> TorchPrefill | None:
         t0 = time.perf_counter()
         rope_pairs = lc.llama_model_rope_type(runner.model) == lc.LLAMA_ROPE_TYPE_NORM
         try:
-            prefill = load_torch_prefill(source, runner.threads, rope_pairs)
+            prefill = load_torch_prefill(source, runner.threads, rope_pairs,
+                                         runner.max_model_len)
             text = runner.tokenize("The river carries sand and stones down to the sea. " * 8)
             why = probe(prefill, runner, text[:PROBE_TOKENS])
         except (ValueError, OSError, RuntimeError, KeyError, AttributeError) as e:

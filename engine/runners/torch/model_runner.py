@@ -21,6 +21,7 @@ from engine.loading.model_loader import (
     resolve_dtype,
     resolve_model,
 )
+from engine.loading.rope_scaling import fix_rotary
 from engine.runners.base import (
     DEFAULT_MAX_MODEL_LEN,
     DecodeRow,
@@ -107,6 +108,9 @@ class ModelRunner:
         if config.max_model_len and config.max_model_len > model_max:
             log.warning("max_model_len %d exceeds the model's %d; using %d",
                         config.max_model_len, model_max, model_max)
+        if share_weights is None:  # RoPE that transformers picks per forward: fixed here
+            for level, note in fix_rotary(self.model, self.max_model_len):
+                log.log(level, "%s", note)
         self.block_size = config.block_size
         spec = KVCacheSpec(text_cfg.num_hidden_layers, n_kv, head_dim, config.block_size,
                            self.dtype)

@@ -48,12 +48,20 @@ def default_tokenizer_fields() -> dict[str, Any]:
 
 def write_gguf(model: Any, path: Path, *, arch: str | None = None,
                tokenizer_fields: dict[str, Any] | None = None,
-               extra: dict[str, float] | None = None, pre: str | None = None) -> Path:
+               extra: dict[str, float] | None = None, pre: str | None = None,
+               extra_ints: dict[str, int] | None = None,
+               extra_tensors: dict[str, np.ndarray] | None = None,
+               name: str | None = None) -> Path:
     """Write the HF causal LM ``model`` as an F32 GGUF of llama.cpp architecture ``arch``
     (default: the HF model type). ``arch`` may name an architecture llama.cpp does not know
     (its tensors are then written under Llama's names). ``extra``: float metadata keys
     under the architecture's prefix (e.g. Granite's multipliers). ``pre``: the
-    pre-tokenizer (``tokenizer.ggml.pre``) instead of the default model's "smollm"."""
+    pre-tokenizer (``tokenizer.ggml.pre``) instead of the default model's "smollm".
+    ``extra_ints``: uint32 metadata keys under the architecture's prefix;
+    ``extra_tensors``: tensors written under their GGUF names as they are (e.g. Phi-3's
+    ``rope_factors_long.weight``). ``name``: ``general.name`` instead of "tiny-ARCH"
+    (llama.cpp keys some vocabulary rules on it: a name containing "phi3" makes it look
+    up Phi-3's own special tokens)."""
     import gguf
 
     cfg = model.config
@@ -62,7 +70,7 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
     names = gguf.get_tensor_name_map(known.get(arch, gguf.MODEL_ARCH.LLAMA),
                                      cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}")
+    w.add_name(name or f"tiny-{arch}")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -76,6 +84,8 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, value in (extra or {}).items():
         w.add_float32(f"{arch}.{key}", value)
+    for key, ivalue in (extra_ints or {}).items():
+        w.add_uint32(f"{arch}.{key}", ivalue)
     fields = dict(tokenizer_fields or default_tokenizer_fields())
     if pre is not None:
         fields["tokenizer.ggml.pre"] = (pre, *fields["tokenizer.ggml.pre"][1:])
@@ -90,6 +100,8 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
             heads = cfg.num_attention_heads if "q_proj" in hf_name else cfg.num_key_value_heads
             data = permute_for_rope(data, heads)
         w.add_tensor(name, data)
+    for name, data in (extra_tensors or {}).items():
+        w.add_tensor(name, np.asarray(data, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
