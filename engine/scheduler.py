@@ -196,6 +196,10 @@ class Scheduler:
         a kept partial block that continues it."""
         if not self.allocator.caching or seq.block_table or seq.num_computed_tokens:
             return
+        req = seq.request
+        if (seq.index == 0 and req.prompt_logprobs is not None
+                and len(req.prompt_logprobs) < len(req.prompt_token_ids) - 1):
+            return  # its prompt logprobs need every prompt position's logits, as in vLLM
         usable = (seq.num_tokens - 1) // self.block_size
         self._hash_blocks(seq, usable * self.block_size)
         blocks = self.allocator.lookup(seq.block_hashes[:usable], self.block_size,

@@ -167,6 +167,33 @@ def test_the_same_prompt_again_recomputes_only_its_last_token(tiny_model_dir, pr
     assert cached == [(len(prompts[0]) - 1) // BLOCK * BLOCK]
 
 
+def test_a_request_asking_for_prompt_logprobs_gets_them_all_after_its_prompt_was_cached(
+        tiny_model_dir, prompts):
+    """Cached tokens have no logits, so a request that asks for prompt logprobs computes
+    its whole prompt (as vLLM skips the cache for it); before, one that hit the cache got
+    no prompt logprobs at all. Its prompt's blocks still serve later requests."""
+    eng = engine(tiny_model_dir)
+    run_one_by_one(eng, prompts[:1])
+    eng.add_request("lp", prompts[0], SamplingParams(max_new_tokens=2, prompt_logprobs=1))
+    got, cached = None, None
+    while eng.has_work:
+        for out in eng.step():
+            got = out.prompt_logprobs or got
+            if out.finished:
+                cached = out.usage.cached_prompt_tokens
+    fresh = engine(tiny_model_dir, caching=False)
+    fresh.add_request("lp", prompts[0], SamplingParams(max_new_tokens=2, prompt_logprobs=1))
+    want = None
+    while fresh.has_work:
+        for out in fresh.step():
+            want = out.prompt_logprobs or want
+    assert got is not None and want is not None
+    assert [lp.token_id for lp in got] == prompts[0][1:]
+    assert [lp.logprob for lp in got] == pytest.approx([lp.logprob for lp in want], abs=1e-5)
+    assert cached == 0
+    assert run_one_by_one(eng, prompts[1:2])[1][0] > 0
+
+
 def test_n_samples_prefill_their_prompt_once(tiny_model_dir, prompts, monkeypatch):
     eng = engine(tiny_model_dir)
     computed: list[int] = []
