@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 PERMUTED_QK = {"llama", "granite"}  # llama.cpp runs these with interleaved RoPE
+GEMMA_NORMS = {"gemma", "gemma2", "gemma3"}  # RMSNorm weights stored as w, run as 1 + w
 
 TOKENIZER_KEYS = (  # copied verbatim from the default GGUF
     "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
@@ -92,10 +93,14 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
     for key, (value, vtype, sub) in fields.items():
         w.add_key_value(key, value, vtype, sub_type=sub)
     for hf_name, tensor in model.state_dict().items():
+        if hf_name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
+            continue  # llama.cpp reuses token_embd
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"no GGUF name for {hf_name} in architecture {arch}")
         data = tensor.detach().float().numpy().astype(np.float32)
+        if arch in GEMMA_NORMS and hf_name.endswith("norm.weight"):
+            data = data + 1.0  # Gemma scales by 1 + w; llama.cpp by w (upstream adds 1)
         if arch in PERMUTED_QK and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_attention_heads if "q_proj" in hf_name else cfg.num_key_value_heads
             data = permute_for_rope(data, heads)
