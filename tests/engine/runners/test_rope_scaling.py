@@ -97,6 +97,21 @@ def served_prompt_logprobs(engine: LLMEngine, prompts: dict[str, list[int]]
     return got
 
 
+def served_greedy(engine: LLMEngine, ids: list[int], n: int) -> list[int]:
+    engine.add_request("g", ids, SamplingParams(max_new_tokens=n, min_new_tokens=n))
+    out: list[int] = []
+    while engine.has_work:
+        for o in engine.step():
+            for d in o.deltas:
+                out += d.token_ids
+    return out
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    return model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
+                          do_sample=False)[0, len(ids):].tolist()
+
+
 def gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
@@ -125,15 +140,7 @@ def test_torch_runner_within_the_original_context_is_transformers_own(phi3_dir, 
     got = served_prompt_logprobs(engine, {"a": ids})["a"]
     ref = reference(phi3_dir, None)
     assert gap(got, hf_prompt_logprobs(ref, ids)) < 1e-4
-    engine.add_request("g", ids, SamplingParams(max_new_tokens=16, min_new_tokens=16))
-    out: list[int] = []
-    while engine.has_work:
-        for o in engine.step():
-            for d in o.deltas:
-                out += d.token_ids
-    want = ref.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16,
-                        do_sample=False)[0, len(ids):].tolist()
-    assert out == want
+    assert served_greedy(engine, ids, 16) == hf_greedy(ref, ids, 16)
 
 
 def test_torch_runner_past_the_original_context_uses_the_long_factors_whatever_the_batch(
@@ -221,13 +228,4 @@ def test_llama_cpp_runners_torch_prefill_hands_over_the_same_factors(phi3_gguf, 
         pytest.skip("no torch prefill on this CPU (needs AVX512-BF16 and oneDNN)")
     assert engine.runner.handoff is not None  # type: ignore[attr-defined]
     ids = prompt(tokenizer, 200, 5)
-    engine.add_request("h", ids, SamplingParams(max_new_tokens=8, min_new_tokens=8))
-    out: list[int] = []
-    while engine.has_work:
-        for o in engine.step():
-            for d in o.deltas:
-                out += d.token_ids
-    ref = reference(phi3_dir, "long")
-    want = ref.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8,
-                        do_sample=False)[0, len(ids):].tolist()
-    assert out == want
+    assert served_greedy(engine, ids, 8) == hf_greedy(reference(phi3_dir, "long"), ids, 8)
