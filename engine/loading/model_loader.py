@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from engine.loading import weights_cache
+from engine.loading.gguf_config import gguf_config
 
 log = logging.getLogger(__name__)
 
@@ -175,11 +176,11 @@ def _from_pretrained_kwargs(source: ModelSource) -> dict[str, Any]:
 
 def _model_kwargs(source: ModelSource) -> dict[str, Any]:
     """``_from_pretrained_kwargs`` for a model: a .gguf loaded directly (no cache entry)
-    gets the config its entry would have (``weights_cache.gguf_config``)."""
+    gets the config its entry would have (``gguf_config.gguf_config``)."""
     if not source.gguf_file:
         return {}
     return {"gguf_file": source.gguf_file,
-            "config": weights_cache.gguf_config(Path(source.directory) / source.gguf_file)}
+            "config": gguf_config(Path(source.directory) / source.gguf_file)}
 
 
 def config_dtype(source: ModelSource) -> torch.dtype | None:
@@ -214,7 +215,7 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     check_remote_code(source, trust_remote_code)
-    return _load_via_cache(source, lambda s: weights_cache.gguf_config(
+    return _load_via_cache(source, lambda s: gguf_config(
         Path(s.directory) / s.gguf_file) if s.gguf_file else AutoConfig.from_pretrained(
         s.directory, trust_remote_code=trust_remote_code))
 

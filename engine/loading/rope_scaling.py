@@ -14,14 +14,13 @@ original context, and every output is transformers' own); dynamic NTK is scaled 
 context size; the llama.cpp runner makes it take ours (``llama_cpp_overrides``).
 
 A GGUF keeps LongRoPE's factors as tensors (``rope_factors_long/short.weight``) that
-transformers' GGUF loader drops; ``gguf_rope_parameters`` reads them back for the
-converted model.
+transformers' GGUF loader drops; ``longrope_parameters`` reads them back for the
+converted model (engine/loading/gguf_config.py).
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -111,34 +110,24 @@ def fix_rotary(model: Any, max_model_len: int) -> list[Note]:
     return sorted(chosen)
 
 
-def gguf_rope_parameters(gguf: Path) -> dict[str, Any] | None:
+def longrope_parameters(meta: Any) -> dict[str, Any] | None:
     """transformers' ``rope_parameters`` for a GGUF with LongRoPE factor tensors, None for
-    any other file."""
-    import gguf as gguf_py
-
-    reader = gguf_py.GGUFReader(str(gguf))
-    tensors = {t.name: t for t in reader.tensors}
-    long, short = tensors.get("rope_factors_long.weight"), tensors.get(
+    any other file. ``meta``: the file's ``gguf_config.GGUFMetadata``."""
+    long, short = meta.tensor("rope_factors_long.weight"), meta.tensor(
         "rope_factors_short.weight")
     if long is None or short is None:
         return None
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-
-    def value(key: str) -> Any:
-        field = reader.fields.get(f"{arch}.{key}")
-        return None if field is None else field.parts[-1][0].item()
-
-    original = value("rope.scaling.original_context_length")
+    original = meta.number("rope.scaling.original_context_length")
     if original is None:
-        raise ValueError(f"{gguf.name}: LongRoPE factors without "
-                         f"{arch}.rope.scaling.original_context_length")
+        raise ValueError(f"{meta.arch} GGUF: LongRoPE factors without "
+                         f"{meta.arch}.rope.scaling.original_context_length")
     params: dict[str, Any] = {
         "rope_type": "longrope",
-        "rope_theta": float(value("rope.freq_base") or 10000.0),
+        "rope_theta": float(meta.number("rope.freq_base") or 10000.0),
         "long_factor": [float(x) for x in long.data],
         "short_factor": [float(x) for x in short.data],
         "original_max_position_embeddings": int(original)}
-    attn = value("rope.scaling.attn_factor")
+    attn = meta.number("rope.scaling.attn_factor")
     if attn is not None:
         params["attention_factor"] = float(attn)
     return params

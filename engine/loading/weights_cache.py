@@ -269,21 +269,6 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     save_converted(*load_gguf(gguf), out)
 
 
-def gguf_config(gguf: Path) -> Any:
-    """transformers' config of ``gguf``, with what its GGUF loader drops put back: LongRoPE's
-    factors (``rope_scaling.gguf_rope_parameters``)."""
-    from transformers import AutoConfig
-
-    from engine.loading.rope_scaling import gguf_rope_parameters
-
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    rope = gguf_rope_parameters(gguf)
-    if rope is not None:
-        config.rope_parameters = {**(config.rope_parameters or {}), **rope}
-        config.original_max_position_embeddings = rope["original_max_position_embeddings"]
-    return config
-
-
 def load_gguf(gguf: Path) -> tuple[Any, Any]:
     """(tokenizer, model) loaded from ``gguf`` by transformers, dequantised to float32."""
     import torch
@@ -291,6 +276,8 @@ def load_gguf(gguf: Path) -> tuple[Any, Any]:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    from engine.loading.gguf_config import gguf_config
+
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                  config=gguf_config(gguf),
                                                  dtype=torch.float32)

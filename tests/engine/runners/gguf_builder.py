@@ -52,13 +52,15 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
                extra: dict[str, float] | None = None, pre: str | None = None,
                extra_ints: dict[str, int] | None = None,
                extra_tensors: dict[str, np.ndarray] | None = None,
-               name: str | None = None) -> Path:
+               name: str | None = None, extra_strings: dict[str, str] | None = None
+               ) -> Path:
     """Write the HF causal LM ``model`` as an F32 GGUF of llama.cpp architecture ``arch``
     (default: the HF model type). ``arch`` may name an architecture llama.cpp does not know
     (its tensors are then written under Llama's names). ``extra``: float metadata keys
     under the architecture's prefix (e.g. Granite's multipliers). ``pre``: the
     pre-tokenizer (``tokenizer.ggml.pre``) instead of the default model's "smollm".
-    ``extra_ints``: uint32 metadata keys under the architecture's prefix;
+    ``extra_ints`` / ``extra_strings``: uint32 / string metadata keys under the
+    architecture's prefix;
     ``extra_tensors``: tensors written under their GGUF names as they are (e.g. Phi-3's
     ``rope_factors_long.weight``). ``name``: ``general.name`` instead of "tiny-ARCH"
     (llama.cpp keys some vocabulary rules on it: a name containing "phi3" makes it look
@@ -78,8 +80,9 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None)
-                               or cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters or {}
+    rope = rope.get("full_attention", rope)  # per layer type: the global layers' base
+    w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or rope["rope_theta"]))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -87,6 +90,8 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
         w.add_float32(f"{arch}.{key}", value)
     for key, ivalue in (extra_ints or {}).items():
         w.add_uint32(f"{arch}.{key}", ivalue)
+    for key, text in (extra_strings or {}).items():
+        w.add_string(f"{arch}.{key}", text)
     fields = dict(tokenizer_fields or default_tokenizer_fields())
     if pre is not None:
         fields["tokenizer.ggml.pre"] = (pre, *fields["tokenizer.ggml.pre"][1:])

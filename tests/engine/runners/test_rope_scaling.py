@@ -22,7 +22,8 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.loading.rope_scaling import fix_rotary, gguf_rope_parameters
+from engine.loading.gguf_config import GGUFMetadata
+from engine.loading.rope_scaling import fix_rotary, longrope_parameters
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from tests.engine.runners.gguf_builder import write_gguf
@@ -189,7 +190,7 @@ def phi3_gguf(tmp_path_factory, phi3_dir) -> Path:
 def test_a_gguf_with_longrope_factors_converts_to_transformers_longrope(phi3_gguf):
     """transformers' GGUF loader drops the factor tensors; they are read back (into the
     converted config: the torch prefill test below runs it)."""
-    params = gguf_rope_parameters(phi3_gguf)
+    params = longrope_parameters(GGUFMetadata(phi3_gguf))
     assert params is not None
     assert params["rope_type"] == "longrope"
     assert params["original_max_position_embeddings"] == ORIGINAL

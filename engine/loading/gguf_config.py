@@ -1,0 +1,97 @@
+"""A GGUF's transformers config, with what transformers' GGUF loader drops put back.
+
+transformers maps a fixed table of GGUF metadata keys per architecture
+(``GGUF_CONFIG_MAPPING``) and leaves every other field at its config class's default. For
+some files that default is another model: a Phi-3 GGUF loses its sliding window (full
+attention past 2,047 tokens for Phi-3-mini-4k), a Gemma 2 GGUF its soft-capping values and,
+for the 27B model, its query scaling, a GGUF with linear or YaRN RoPE scaling its scaling,
+a LongRoPE GGUF its factors. Each is read back here from the metadata llama.cpp's converter
+writes, as llama.cpp itself reads it, so the torch runner on a .gguf (and the llama.cpp
+runner's torch prefill) runs the model llama.cpp runs. RoPE scaling of a kind not listed
+here is refused, naming it, rather than dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.loading.rope_scaling import longrope_parameters
+
+# llama.cpp's "27B" Gemma models (decided there from the layer count) scale queries by
+# hidden_size / heads instead of the head size; the GGUF does not say which.
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+SCALED_ROPE = {"linear", "yarn"}
+
+
+class GGUFMetadata:
+    """The metadata of one GGUF (``gguf.GGUFReader``), read once."""
+
+    def __init__(self, path: Path) -> None:
+        import gguf
+
+        self.reader = gguf.GGUFReader(str(path))
+        self.arch = self.text("general.architecture", prefixed=False) or ""
+
+    def field(self, key: str, prefixed: bool = True) -> Any:
+        return self.reader.fields.get(f"{self.arch}.{key}" if prefixed else key)
+
+    def number(self, key: str) -> Any:
+        f = self.field(key)
+        return None if f is None else f.parts[-1][0].item()
+
+    def text(self, key: str, prefixed: bool = True) -> str | None:
+        f = self.field(key, prefixed)
+        return None if f is None else bytes(f.parts[-1]).decode()
+
+    def tensor(self, name: str) -> Any:
+        return next((t for t in self.reader.tensors if t.name == name), None)
+
+
+def gguf_config(path: Path) -> Any:
+    """transformers' config of the GGUF at ``path``, completed (module docstring)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    restore(config, GGUFMetadata(path))
+    return config
+
+
+def restore(config: Any, meta: GGUFMetadata) -> None:
+    """Set on ``config`` what ``meta`` says and transformers' GGUF loader did not read."""
+    window = meta.number("attention.sliding_window")
+    if window and hasattr(config, "sliding_window"):
+        config.sliding_window = int(window)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = meta.number(key)
+        if value is not None and hasattr(config, key):
+            setattr(config, key, float(value))
+    if hasattr(config, "query_pre_attn_scalar") and meta.arch in GEMMA_27B_LAYERS:
+        big = config.num_hidden_layers == GEMMA_27B_LAYERS[meta.arch]
+        config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
+                                        if big else int(meta.number("attention.key_length")
+                                                        or config.head_dim))
+    longrope = longrope_parameters(meta)
+    if longrope is not None:
+        config.rope_parameters = {**(config.rope_parameters or {}), **longrope}
+        config.original_max_position_embeddings = longrope["original_max_position_embeddings"]
+        return
+    kind = meta.text("rope.scaling.type")
+    if kind in (None, "none") or kind == "linear" and (meta.number("rope.scaling.factor")
+                                                        or 1.0) == 1.0:
+        return
+    if kind not in SCALED_ROPE:
+        raise ValueError(f"{meta.arch} GGUF: rope.scaling.type {kind!r} is not read back into "
+                         f"the torch model (only {sorted(SCALED_ROPE)} and LongRoPE are); "
+                         f"serve it on the llama.cpp runner, or its HF checkpoint")
+    scaling: dict[str, Any] = {"rope_type": kind,
+                               "factor": float(meta.number("rope.scaling.factor"))}
+    if kind == "yarn":
+        original = meta.number("rope.scaling.original_context_length")
+        if original:
+            scaling["original_max_position_embeddings"] = int(original)
+    params = config.rope_parameters or {}
+    if "full_attention" in params:  # per layer type (Gemma 3): llama.cpp scales the global
+        params["full_attention"] = {**params["full_attention"], **scaling}  # layers only
+    else:
+        config.rope_parameters = {**params, **scaling}
