@@ -60,7 +60,11 @@ def gguf_config(path: Path) -> Any:
 def restore(config: Any, meta: GGUFMetadata) -> None:
     """Set on ``config`` what ``meta`` says and transformers' GGUF loader did not read."""
     window = meta.number("attention.sliding_window")
-    if window and hasattr(config, "sliding_window"):
+    if window and not hasattr(config, "sliding_window"):
+        raise ValueError(f"{meta.arch} GGUF: attention.sliding_window {window}, but "
+                         f"transformers' {config.model_type} has no sliding window; serve it "
+                         f"on the llama.cpp runner, or its HF checkpoint")
+    if window:
         config.sliding_window = int(window)
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         value = meta.number(key)

@@ -118,6 +118,19 @@ def test_a_rope_scaling_it_cannot_read_back_is_refused_naming_it(tmp_path, token
         restore(config, GGUFMetadata(path))
 
 
+def test_a_window_the_transformers_model_cannot_hold_is_refused_naming_it(tmp_path,
+                                                                          tokenizer_dir):
+    from transformers import AutoConfig
+
+    model = tiny("llama", {}, tmp_path, tokenizer_dir)
+    path = write_gguf(model, tmp_path / "w.gguf", name="tiny-x",
+                      extra_ints={"attention.sliding_window": 4096},
+                      tokenizer_fields=NO_TOKENIZER)
+    config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
+    with pytest.raises(ValueError, match="attention.sliding_window 4096"):
+        restore(config, GGUFMetadata(path))
+
+
 def test_gemma_27b_scales_queries_by_hidden_over_heads_as_llama_cpp_does(tmp_path,
                                                                            tokenizer_dir):
     """The GGUF does not carry query_pre_attn_scalar; llama.cpp takes it from the layer
