@@ -24,6 +24,10 @@ GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 SCALED_ROPE = {"linear", "yarn"}
 
 
+class UnfaithfulGGUF(ValueError):
+    """The GGUF says something its transformers model cannot hold: no torch model of it."""
+
+
 class GGUFMetadata:
     """The metadata of one GGUF (``gguf.GGUFReader``), read once."""
 
@@ -61,7 +65,7 @@ def restore(config: Any, meta: GGUFMetadata) -> None:
     """Set on ``config`` what ``meta`` says and transformers' GGUF loader did not read."""
     window = meta.number("attention.sliding_window")
     if window and not hasattr(config, "sliding_window"):
-        raise ValueError(f"{meta.arch} GGUF: attention.sliding_window {window}, but "
+        raise UnfaithfulGGUF(f"{meta.arch} GGUF: attention.sliding_window {window}, but "
                          f"transformers' {config.model_type} has no sliding window; serve it "
                          f"on the llama.cpp runner, or its HF checkpoint")
     if window:
@@ -85,7 +89,7 @@ def restore(config: Any, meta: GGUFMetadata) -> None:
                                                         or 1.0) == 1.0:
         return
     if kind not in SCALED_ROPE:
-        raise ValueError(f"{meta.arch} GGUF: rope.scaling.type {kind!r} is not read back into "
+        raise UnfaithfulGGUF(f"{meta.arch} GGUF: rope.scaling.type {kind!r} is not read back into "
                          f"the torch model (only {sorted(SCALED_ROPE)} and LongRoPE are); "
                          f"serve it on the llama.cpp runner, or its HF checkpoint")
     scaling: dict[str, Any] = {"rope_type": kind,

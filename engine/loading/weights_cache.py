@@ -34,6 +34,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from engine.loading.gguf_config import UnfaithfulGGUF, gguf_config
+
 log = logging.getLogger(__name__)
 
 CACHE_DIR_ENV = "GENSERVE_CACHE_DIR"
@@ -146,9 +148,8 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | Non
     entry = root / f"{gguf.stem}-{key[:20]}"
     remembered = _remembered_unread(entry, key)
     if remembered is not None:
-        log.info("%s: transformers cannot read GGUF architecture %s (remembered from an "
-                 "earlier start), so there is no converted copy (the llama.cpp runner needs "
-                 "none)", gguf.name, remembered)
+        log.info("%s: %s (remembered from an earlier start), so there is no converted copy "
+                 "(the llama.cpp runner needs none)", gguf.name, remembered)
         return None
     if entry.exists():
         problem = check_entry(entry, key)
@@ -160,12 +161,12 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | Non
         return _build(gguf, key, entry, convert or convert_gguf)
     except Exception as e:  # the cache is an optimisation: never the reason a start fails
         unread = _UNREAD_ARCHITECTURE.search(str(e))
-        if unread:
-            architecture = unread.group(1).rstrip(".")
-            log.info("%s: transformers cannot read GGUF architecture %s, so there is no "
-                     "converted copy to cache (the llama.cpp runner needs none)", gguf.name,
-                     architecture)
-            _remember_unread(entry, key, architecture)
+        if unread or isinstance(e, UnfaithfulGGUF):
+            reason = (f"transformers cannot read GGUF architecture "
+                      f"{unread.group(1).rstrip('.')}" if unread else str(e))
+            log.info("%s: %s, so there is no converted copy to cache (the llama.cpp runner "
+                     "needs none)", gguf.name, reason)
+            _remember_unread(entry, key, reason)
             return None
         log.warning("could not cache the converted weights of %s in %s (%s): loading the "
                     ".gguf directly, which is slower", gguf.name, root, e)
@@ -177,9 +178,9 @@ def _unread_marker(entry: Path) -> Path:
 
 
 def _remembered_unread(entry: Path, key: str) -> str | None:
-    """The architecture an earlier start found transformers cannot read, for this very
-    file and this transformers version (a newer one may read it): each start otherwise
-    paid a tokenizer parse to be refused again."""
+    """Why an earlier start found transformers cannot read this very file (its
+    architecture, or ``UnfaithfulGGUF``), with this transformers version (a newer one may
+    read it): each start otherwise paid a tokenizer parse to be refused again."""
     try:
         marker = json.loads(_unread_marker(entry).read_text())
     except (OSError, ValueError):
@@ -187,15 +188,17 @@ def _remembered_unread(entry: Path, key: str) -> str | None:
     if (not isinstance(marker, dict) or marker.get("key") != key
             or marker.get("transformers") != _transformers_version()):
         return None
-    return str(marker.get("architecture", "?"))
+    if "reason" in marker:
+        return str(marker["reason"])
+    return f"transformers cannot read GGUF architecture {marker.get('architecture', '?')}"
 
 
-def _remember_unread(entry: Path, key: str, architecture: str) -> None:
+def _remember_unread(entry: Path, key: str, reason: str) -> None:
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         _unread_marker(entry).write_text(json.dumps({
             "key": key, "transformers": _transformers_version(),
-            "architecture": architecture}))
+            "reason": reason}))
     except OSError:  # the cache is an optimisation: the next start just asks again
         pass
 
@@ -276,8 +279,6 @@ def load_gguf(gguf: Path) -> tuple[Any, Any]:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    from engine.loading.gguf_config import gguf_config
-
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                  config=gguf_config(gguf),
                                                  dtype=torch.float32)

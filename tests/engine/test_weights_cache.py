@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.loading import weights_cache
+from engine.loading.gguf_config import UnfaithfulGGUF
 from engine.loading.model_loader import ModelSource, _load_via_cache, hf_source, resolve_model
 
 
@@ -151,6 +152,24 @@ def test_an_architecture_transformers_cannot_read_is_not_converted_again(cache_d
     gguf.write_bytes(os.urandom(3 << 20))  # another file at the same path
     assert weights_cache.cached_model_dir(gguf, unreadable) is None
     assert len(calls) == 2
+
+
+def test_a_gguf_its_transformers_model_cannot_hold_is_not_converted_again(cache_dir, gguf,
+                                                                          caplog):
+    """``UnfaithfulGGUF`` (gguf_config.py) is remembered like an unread architecture, its
+    reason in the info line, not warned about as a cache failure."""
+    calls = []
+
+    def unfaithful(gguf: Path, out: Path) -> None:
+        calls.append(gguf)
+        raise UnfaithfulGGUF("llama GGUF: attention.sliding_window 4096, but ...")
+
+    with caplog.at_level(logging.INFO, logger="engine.loading.weights_cache"):
+        assert weights_cache.cached_model_dir(gguf, unfaithful) is None
+        assert weights_cache.cached_model_dir(gguf, unfaithful) is None
+    assert len(calls) == 1
+    assert "attention.sliding_window 4096, but ... (remembered" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 def test_an_unwritable_cache_dir_falls_back_to_the_gguf(tmp_path, gguf, monkeypatch, caplog):
