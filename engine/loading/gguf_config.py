@@ -6,7 +6,7 @@ some files that default is another model: a Phi-3 GGUF loses its sliding window 
 attention past 2,047 tokens for Phi-3-mini-4k), a Gemma 2 GGUF its soft-capping values and,
 for the 27B model, its query scaling, a GGUF with linear or YaRN RoPE scaling its scaling,
 a LongRoPE GGUF its factors. Each is read back here from the metadata llama.cpp's converter
-writes, as llama.cpp itself reads it, so the torch runner on a .gguf (and the llama.cpp
+writes, as llama.cpp itself reads it (Llama 3.1's baked frequency factors too), so the torch runner on a .gguf (and the llama.cpp
 runner's torch prefill) runs the model llama.cpp runs. RoPE scaling of a kind not listed
 here is refused, naming it, rather than dropped.
 """
@@ -61,13 +61,29 @@ def gguf_config(path: Path) -> Any:
     return config
 
 
+def frequency_factors(meta: GGUFMetadata, config: Any) -> dict[str, Any] | None:
+    """A ``rope_freqs.weight`` tensor (Llama 3.1/3.2's RoPE scaling, as llama.cpp's
+    converter bakes it: each frequency divided by its factor) as transformers'
+    ``rope_parameters``: LongRoPE with the same factors short and long and no attention
+    scaling computes exactly those frequencies (``fix_rotary`` then has nothing to
+    choose)."""
+    freqs = meta.tensor("rope_freqs.weight")
+    if freqs is None:
+        return None
+    factors = [float(x) for x in freqs.data]
+    return {"rope_type": "longrope",
+            "rope_theta": float(meta.number("rope.freq_base") or 10000.0),
+            "short_factor": factors, "long_factor": factors, "attention_factor": 1.0,
+            "original_max_position_embeddings": int(config.max_position_embeddings)}
+
+
 def restore(config: Any, meta: GGUFMetadata) -> None:
     """Set on ``config`` what ``meta`` says and transformers' GGUF loader did not read."""
     window = meta.number("attention.sliding_window")
     if window and not hasattr(config, "sliding_window"):
         raise UnfaithfulGGUF(f"{meta.arch} GGUF: attention.sliding_window {window}, but "
-                         f"transformers' {config.model_type} has no sliding window; serve it "
-                         f"on the llama.cpp runner, or its HF checkpoint")
+                             f"transformers' {config.model_type} has no sliding window; "
+                             f"serve it on the llama.cpp runner, or its HF checkpoint")
     if window:
         config.sliding_window = int(window)
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
@@ -79,7 +95,7 @@ def restore(config: Any, meta: GGUFMetadata) -> None:
         config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
                                         if big else int(meta.number("attention.key_length")
                                                         or config.head_dim))
-    longrope = longrope_parameters(meta)
+    longrope = longrope_parameters(meta) or frequency_factors(meta, config)
     if longrope is not None:
         config.rope_parameters = {**(config.rope_parameters or {}), **longrope}
         config.original_max_position_embeddings = longrope["original_max_position_embeddings"]
@@ -89,9 +105,10 @@ def restore(config: Any, meta: GGUFMetadata) -> None:
                                                         or 1.0) == 1.0:
         return
     if kind not in SCALED_ROPE:
-        raise UnfaithfulGGUF(f"{meta.arch} GGUF: rope.scaling.type {kind!r} is not read back into "
-                         f"the torch model (only {sorted(SCALED_ROPE)} and LongRoPE are); "
-                         f"serve it on the llama.cpp runner, or its HF checkpoint")
+        raise UnfaithfulGGUF(f"{meta.arch} GGUF: rope.scaling.type {kind!r} is not read "
+                             f"back into the torch model (only {sorted(SCALED_ROPE)}, "
+                             f"LongRoPE and rope_freqs are); serve it on the llama.cpp "
+                             f"runner, or its HF checkpoint")
     scaling: dict[str, Any] = {"rope_type": kind,
                                "factor": float(meta.number("rope.scaling.factor"))}
     if kind == "yarn":

@@ -81,7 +81,10 @@ def fix_rotary(model: Any, max_model_len: int) -> list[Note]:
             buf = getattr(module, f"{prefix}inv_freq")
             init = ROPE_INIT_FUNCTIONS[kind]
             extra = {"layer_type": layer_type} if per_layer else {}
-            if kind == "longrope":
+            if kind == "longrope" and params.get("short_factor") == params.get(
+                    "long_factor"):
+                fixed = "fixed-longrope"  # one set of factors (gguf_config's rope_freqs)
+            elif kind == "longrope":
                 long = use_long_factors(max_model_len, original)
                 if long:
                     inv, _ = init(module.config, buf.device, seq_len=original + 1, **extra)

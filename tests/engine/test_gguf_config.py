@@ -105,6 +105,35 @@ def test_the_converted_config_is_the_original_models(case, tmp_path, tokenizer_d
     assert (logits(with_weights(plain, model), ids) - want).abs().max() > 1e-2
 
 
+def test_llama3_rope_baked_into_rope_freqs_is_the_original_models(tmp_path, tokenizer_dir,
+                                                                     tokenizer):
+    """Llama 3.1/3.2's RoPE scaling reaches a GGUF only as the ``rope_freqs.weight``
+    tensor (each frequency's divisor, as llama.cpp's converter computes it), which
+    transformers' loader skips."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    model = tiny("llama", {"rope_parameters": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64, "rope_theta": 10000.0}}, tmp_path,
+        tokenizer_dir)
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](model.config, "cpu")
+    plain = model.model.rotary_emb  # unscaled frequencies, from the same base
+    base = 1.0 / (10000.0 ** (torch.arange(0, HEAD, 2, dtype=torch.float) / HEAD))
+    assert not torch.allclose(plain.inv_freq, base)  # the model is scaled
+    path = write_gguf(model, tmp_path / "l3.gguf", name="tiny-x",
+                      extra_tensors={"rope_freqs.weight": (base / scaled).numpy()},
+                      tokenizer_fields=NO_TOKENIZER)
+    ids = tokenizer("Note: " + "the quick brown fox jumps over the lazy dog " * 40)[
+        "input_ids"][:200]
+    want = logits(model, ids)
+    alone = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
+    config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
+    restore(config, GGUFMetadata(path))
+    assert (logits(with_weights(config, model), ids) - want).abs().max() < 1e-4
+    assert (logits(with_weights(alone, model), ids) - want).abs().max() > 1e-2
+
+
 def test_a_rope_scaling_it_cannot_read_back_is_refused_naming_it(tmp_path, tokenizer_dir):
     from transformers import AutoConfig
 
