@@ -5,10 +5,11 @@ transformers maps a fixed table of GGUF metadata keys per architecture
 some files that default is another model: a Phi-3 GGUF loses its sliding window (full
 attention past 2,047 tokens for Phi-3-mini-4k), a Gemma 2 GGUF its soft-capping values and,
 for the 27B model, its query scaling, a GGUF with linear or YaRN RoPE scaling its scaling,
-a LongRoPE GGUF its factors. Each is read back here from the metadata llama.cpp's converter
-writes, as llama.cpp itself reads it (Llama 3.1's baked frequency factors too), so the torch runner on a .gguf (and the llama.cpp
-runner's torch prefill) runs the model llama.cpp runs. RoPE scaling of a kind not listed
-here is refused, naming it, rather than dropped.
+a LongRoPE GGUF its factors, a Llama 3.1 GGUF its RoPE scaling (baked into
+``rope_freqs.weight``). Each is read back here from what llama.cpp's converter writes, as
+llama.cpp itself reads it, so the torch runner on a .gguf (and the llama.cpp runner's
+torch prefill) runs the model llama.cpp runs. What cannot be read back is refused
+(``UnfaithfulGGUF``), naming it, rather than dropped.
 """
 
 from __future__ import annotations
