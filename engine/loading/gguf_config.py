@@ -5,11 +5,11 @@ transformers maps a fixed table of GGUF metadata keys per architecture
 some files that default is another model: a Phi-3 GGUF loses its sliding window (full
 attention past 2,047 tokens for Phi-3-mini-4k), a Gemma 2 GGUF its soft-capping values and,
 for the 27B model, its query scaling, a GGUF with linear or YaRN RoPE scaling its scaling,
-a LongRoPE GGUF its factors, a Llama 3.1 GGUF its RoPE scaling (baked into
-``rope_freqs.weight``). Each is read back here from what llama.cpp's converter writes, as
-llama.cpp itself reads it, so the torch runner on a .gguf (and the llama.cpp runner's
-torch prefill) runs the model llama.cpp runs. What cannot be read back is refused
-(``UnfaithfulGGUF``), naming it, rather than dropped.
+one with partial RoPE (Phi-4-mini) its rotary dimensions, a LongRoPE GGUF its factors, a
+Llama 3.1 GGUF its RoPE scaling (baked into ``rope_freqs.weight``). Each is read back here
+from what llama.cpp's converter writes, as llama.cpp itself reads it, so the torch runner
+on a .gguf (and the llama.cpp runner's torch prefill) runs the model llama.cpp runs. What
+cannot be read back is refused (``UnfaithfulGGUF``), naming it, rather than dropped.
 """
 
 from __future__ import annotations
@@ -96,6 +96,15 @@ def restore(config: Any, meta: GGUFMetadata) -> None:
         config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
                                         if big else int(meta.number("attention.key_length")
                                                         or config.head_dim))
+    rotary = meta.number("rope.dimension_count")
+    head = int(meta.number("attention.key_length")
+               or config.hidden_size // config.num_attention_heads)
+    if rotary and int(rotary) != head:  # partial RoPE (Phi-4-mini: 96 of 128 dimensions)
+        params = config.rope_parameters or {}
+        if "full_attention" in params:
+            raise UnfaithfulGGUF(f"{meta.arch} GGUF: rope.dimension_count {rotary} of "
+                                 f"{head} with RoPE per layer type is not read back")
+        config.rope_parameters = {**params, "partial_rotary_factor": int(rotary) / head}
     longrope = longrope_parameters(meta) or frequency_factors(meta, config)
     if longrope is not None:
         config.rope_parameters = {**(config.rope_parameters or {}), **longrope}
