@@ -97,9 +97,9 @@ def restore(config: Any, meta: GGUFMetadata) -> None:
                                         if big else int(meta.number("attention.key_length")
                                                         or config.head_dim))
     rotary = meta.number("rope.dimension_count")
-    head = int(meta.number("attention.key_length")
+    head = int(meta.number("attention.key_length") or getattr(config, "head_dim", None)
                or config.hidden_size // config.num_attention_heads)
-    if rotary and int(rotary) != head:  # partial RoPE (Phi-4-mini: 96 of 128 dimensions)
+    if rotary and int(rotary) < head:  # partial RoPE (Phi-4-mini: 96 of 128 dimensions)
         params = config.rope_parameters or {}
         if "full_attention" in params:
             raise UnfaithfulGGUF(f"{meta.arch} GGUF: rope.dimension_count {rotary} of "
