@@ -4,12 +4,13 @@ transformers maps a fixed table of GGUF metadata keys per architecture
 (``GGUF_CONFIG_MAPPING``) and leaves every other field at its config class's default. For
 some files that default is another model: a Phi-3 GGUF loses its sliding window (full
 attention past 2,047 tokens for Phi-3-mini-4k), a Gemma 2 GGUF its soft-capping values and,
-for the 27B model, its query scaling, a GGUF with linear or YaRN RoPE scaling its scaling,
-one with partial RoPE (Phi-4-mini) its rotary dimensions, a LongRoPE GGUF its factors, a
-Llama 3.1 GGUF its RoPE scaling (baked into ``rope_freqs.weight``). Each is read back here
-from what llama.cpp's converter writes, as llama.cpp itself reads it, so the torch runner
-on a .gguf (and the llama.cpp runner's torch prefill) runs the model llama.cpp runs. What
-cannot be read back is refused (``UnfaithfulGGUF``), naming it, rather than dropped.
+for the 27B model, its query scaling, a StarCoder2 GGUF its RoPE base, a GGUF with linear
+or YaRN RoPE scaling its scaling, one with partial RoPE (Phi-4-mini) its rotary dimensions,
+a LongRoPE GGUF its factors, a Llama 3.1 GGUF its RoPE scaling (baked into
+``rope_freqs.weight``). Each is read back here from what llama.cpp's converter writes, as
+llama.cpp itself reads it, so the torch runner on a .gguf (and the llama.cpp runner's
+torch prefill) runs the model llama.cpp runs. What cannot be read back is refused
+(``UnfaithfulGGUF``), naming it, rather than dropped.
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ def restore(config: Any, meta: GGUFMetadata) -> None:
         config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads
                                         if big else int(meta.number("attention.key_length")
                                                         or config.head_dim))
+    base = meta.number("rope.freq_base")
+    params = config.rope_parameters or {}
+    if base is not None and params:  # StarCoder2's base is not in transformers' table
+        if "full_attention" in params:  # per layer type: the GGUF's base is the global one
+            params["full_attention"] = {**params["full_attention"], "rope_theta": float(base)}
+        else:
+            config.rope_parameters = {**params, "rope_theta": float(base)}
     rotary = meta.number("rope.dimension_count")
     head = int(meta.number("attention.key_length") or getattr(config, "head_dim", None)
                or config.hidden_size // config.num_attention_heads)

@@ -36,6 +36,9 @@ CASES: dict[str, tuple[str, dict[str, Any], dict, dict, dict]] = {
     "phi3 partial RoPE": ("phi3", {"rope_parameters": {
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}, {},
         {"rope.dimension_count": HEAD // 2, "attention.sliding_window": WINDOW}, {}),
+    "starcoder2 RoPE base": ("starcoder2", {"rope_parameters": {
+        "rope_type": "default", "rope_theta": 999999.4420358813}}, {},
+        {"attention.sliding_window": WINDOW}, {}),
     "gemma2 soft-capping": ("gemma2", {}, {"attn_logit_softcapping": 20.0,
                                            "final_logit_softcapping": 15.0},
                             {"attention.sliding_window": WINDOW, **KV}, {}),

@@ -83,7 +83,10 @@ def write_gguf(model: Any, path: Path, *, arch: str | None = None,
     rope = cfg.rope_parameters or {}
     rope = rope.get("full_attention", rope)  # per layer type: the global layers' base
     w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or rope["rope_theta"]))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if hasattr(cfg, "rms_norm_eps"):
+        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    else:  # LayerNorm models (StarCoder2)
+        w.add_layer_norm_eps(cfg.norm_epsilon)
     w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, value in (extra or {}).items():
