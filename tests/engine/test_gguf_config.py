@@ -90,25 +90,31 @@ def with_weights(config: Any, model: Any) -> Any:
     return other
 
 
+def assert_restored_is_original(path: Path, model: Any, tokenizer) -> None:
+    """The config read back from ``path`` gives ``model``'s logits over a prompt longer
+    than any window; transformers' own reading of it does not."""
+    from transformers import AutoConfig
+
+    ids = tokenizer("Note: " + "the quick brown fox jumps over the lazy dog " * 40)[
+        "input_ids"][:200]
+    want = logits(model, ids)
+    alone = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    restore(config, GGUFMetadata(path))
+    assert (logits(with_weights(config, model), ids) - want).abs().max() < 1e-4
+    assert (logits(with_weights(alone, model), ids) - want).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_converted_config_is_the_original_models(case, tmp_path, tokenizer_dir,
                                                      tokenizer):
-    from transformers import AutoConfig
 
     arch, changes, floats, ints, strings = CASES[case]
     model = tiny(arch, changes, tmp_path, tokenizer_dir)
     path = write_gguf(model, tmp_path / f"tiny-{arch}.gguf", arch=arch, name="tiny-x",
                       extra=floats, extra_ints=ints, extra_strings=strings,
                       tokenizer_fields=NO_TOKENIZER)
-    ids = tokenizer("Note: " + "the quick brown fox jumps over the lazy dog " * 40)[
-        "input_ids"][:200]
-    want = logits(model, ids)
-    plain = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
-    config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
-    restore(config, GGUFMetadata(path))
-    assert (logits(with_weights(config, model), ids) - want).abs().max() < 1e-4
-    # what transformers' GGUF loader alone gives
-    assert (logits(with_weights(plain, model), ids) - want).abs().max() > 1e-2
+    assert_restored_is_original(path, model, tokenizer)
 
 
 def test_llama3_rope_baked_into_rope_freqs_is_the_original_models(tmp_path, tokenizer_dir,
@@ -116,7 +122,6 @@ def test_llama3_rope_baked_into_rope_freqs_is_the_original_models(tmp_path, toke
     """Llama 3.1/3.2's RoPE scaling reaches a GGUF only as the ``rope_freqs.weight``
     tensor (each frequency's divisor, as llama.cpp's converter computes it), which
     transformers' loader skips."""
-    from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     model = tiny("llama", {"rope_parameters": {
@@ -130,14 +135,7 @@ def test_llama3_rope_baked_into_rope_freqs_is_the_original_models(tmp_path, toke
     path = write_gguf(model, tmp_path / "l3.gguf", name="tiny-x",
                       extra_tensors={"rope_freqs.weight": (base / scaled).numpy()},
                       tokenizer_fields=NO_TOKENIZER)
-    ids = tokenizer("Note: " + "the quick brown fox jumps over the lazy dog " * 40)[
-        "input_ids"][:200]
-    want = logits(model, ids)
-    alone = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
-    config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
-    restore(config, GGUFMetadata(path))
-    assert (logits(with_weights(config, model), ids) - want).abs().max() < 1e-4
-    assert (logits(with_weights(alone, model), ids) - want).abs().max() > 1e-2
+    assert_restored_is_original(path, model, tokenizer)
 
 
 def test_a_rope_scaling_it_cannot_read_back_is_refused_naming_it(tmp_path, tokenizer_dir):

@@ -133,43 +133,32 @@ def test_a_crash_while_converting_leaves_no_entry(cache_dir, gguf, caplog):
     assert weights_cache.cached_model_dir(gguf, convert) is not None and convert.calls == 1
 
 
-def test_an_architecture_transformers_cannot_read_is_not_converted_again(cache_dir, gguf,
-                                                                         caplog):
-    """Refused once (an info line naming it), remembered for this file and transformers
+@pytest.mark.parametrize("error,said", [
+    (ValueError("GGUF model with architecture granite is not supported yet."),
+     "architecture granite (remembered"),
+    (UnfaithfulGGUF("llama GGUF: attention.sliding_window 4096, but ..."),
+     "attention.sliding_window 4096, but ... (remembered")],
+    ids=["unread architecture", "UnfaithfulGGUF"])
+def test_a_gguf_transformers_cannot_read_faithfully_is_not_converted_again(
+        cache_dir, gguf, caplog, error, said):
+    """Refused once (an info line naming why: an architecture transformers cannot read,
+    or ``UnfaithfulGGUF`` from gguf_config.py), remembered for this file and transformers
     version: the next start does not try again; a changed file is tried again."""
     calls = []
 
     def unreadable(gguf: Path, out: Path) -> None:
         calls.append(gguf)
-        raise ValueError("GGUF model with architecture granite is not supported yet.")
+        raise error
 
     with caplog.at_level(logging.INFO, logger="engine.loading.weights_cache"):
         assert weights_cache.cached_model_dir(gguf, unreadable) is None
         assert weights_cache.cached_model_dir(gguf, unreadable) is None
     assert len(calls) == 1
-    assert "architecture granite (remembered" in caplog.text
+    assert said in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     gguf.write_bytes(os.urandom(3 << 20))  # another file at the same path
     assert weights_cache.cached_model_dir(gguf, unreadable) is None
     assert len(calls) == 2
-
-
-def test_a_gguf_its_transformers_model_cannot_hold_is_not_converted_again(cache_dir, gguf,
-                                                                          caplog):
-    """``UnfaithfulGGUF`` (gguf_config.py) is remembered like an unread architecture, its
-    reason in the info line, not warned about as a cache failure."""
-    calls = []
-
-    def unfaithful(gguf: Path, out: Path) -> None:
-        calls.append(gguf)
-        raise UnfaithfulGGUF("llama GGUF: attention.sliding_window 4096, but ...")
-
-    with caplog.at_level(logging.INFO, logger="engine.loading.weights_cache"):
-        assert weights_cache.cached_model_dir(gguf, unfaithful) is None
-        assert weights_cache.cached_model_dir(gguf, unfaithful) is None
-    assert len(calls) == 1
-    assert "attention.sliding_window 4096, but ... (remembered" in caplog.text
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 def test_an_unwritable_cache_dir_falls_back_to_the_gguf(tmp_path, gguf, monkeypatch, caplog):
