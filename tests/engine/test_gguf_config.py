@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.loading.gguf_config import GGUFMetadata, restore
+from engine.loading.gguf_config import GGUFMetadata, UnfaithfulGGUF, restore
 from tests.engine.runners.architectures import WINDOW, build_architecture
 from tests.engine.runners.gguf_builder import write_gguf
 
@@ -138,29 +138,20 @@ def test_llama3_rope_baked_into_rope_freqs_is_the_original_models(tmp_path, toke
     assert_restored_is_original(path, model, tokenizer)
 
 
-def test_a_rope_scaling_it_cannot_read_back_is_refused_naming_it(tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("metadata,named", [
+    ({"extra": {"rope.scaling.factor": 2.0},
+      "extra_strings": {"rope.scaling.type": "su-ntk"}}, "rope.scaling.type 'su-ntk'"),
+    ({"extra_ints": {"attention.sliding_window": 4096}}, "attention.sliding_window 4096")],
+    ids=["unknown RoPE scaling", "window on a model without one"])
+def test_what_cannot_be_read_back_is_refused_naming_it(tmp_path, tokenizer_dir, metadata,
+                                                       named):
     from transformers import AutoConfig
 
     model = tiny("llama", {}, tmp_path, tokenizer_dir)
     path = write_gguf(model, tmp_path / "odd.gguf", name="tiny-x",
-                      extra={"rope.scaling.factor": 2.0},
-                      extra_strings={"rope.scaling.type": "su-ntk"},
-                      tokenizer_fields=NO_TOKENIZER)
+                      tokenizer_fields=NO_TOKENIZER, **metadata)
     config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
-    with pytest.raises(ValueError, match="rope.scaling.type 'su-ntk'"):
-        restore(config, GGUFMetadata(path))
-
-
-def test_a_window_the_transformers_model_cannot_hold_is_refused_naming_it(tmp_path,
-                                                                          tokenizer_dir):
-    from transformers import AutoConfig
-
-    model = tiny("llama", {}, tmp_path, tokenizer_dir)
-    path = write_gguf(model, tmp_path / "w.gguf", name="tiny-x",
-                      extra_ints={"attention.sliding_window": 4096},
-                      tokenizer_fields=NO_TOKENIZER)
-    config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
-    with pytest.raises(ValueError, match="attention.sliding_window 4096"):
+    with pytest.raises(UnfaithfulGGUF, match=named):
         restore(config, GGUFMetadata(path))
 
 
