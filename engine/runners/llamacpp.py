@@ -65,7 +65,14 @@ from engine.runners.base import (
     WarmupReport,
     config_eos_ids,
 )
-from engine.runners.llamacpp_host_blocks import HostBlocks, available_memory, check_budget
+from engine.runners.llamacpp_host_blocks import (
+    HostBlocks,
+    StateFormatError,
+    available_memory,
+    check_budget,
+    get_state,
+    parse_state,
+)
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
 from engine.runners.llamacpp_streams import kv_streams
@@ -726,15 +733,33 @@ class LlamaCppRunner:
 
     def _torch_prefills(self, work: PrefillWork) -> bool:
         """Whether this chunk goes through the torch model: a sequence already started
-        there, or a long prompt prefilled from scratch, on the base model, with no
-        prompt logprobs (those stay llama.cpp's own)."""
+        there, a long prompt prefilled from scratch, or the long enough uncached tail of a
+        prompt that starts with cached blocks (``worth_torch``; its prefix's KV read from
+        the cells it was just given, so this starts it in torch), on the base model, with
+        no prompt logprobs (those stay llama.cpp's own)."""
         h = self.handoff
         if h is None:
             return False
         if work.seq_id in h:
             return True
-        return (work.start_pos == 0 and work.seq_len >= self.config.torch_prefill_tokens
-                and work.adapter_slot == 0 and not work.prompt_rows)
+        if work.adapter_slot != 0 or work.prompt_rows:
+            return False
+        min_tokens = self.config.torch_prefill_tokens
+        if work.start_pos == 0:
+            return work.seq_len >= min_tokens
+        seq_len = max(work.seq_len, work.start_pos + len(work.token_ids))
+        if (work.seq_id in self._slot_of or self._kept is None or self._kept.host is None
+                or not llamacpp_handoff.worth_torch(seq_len - work.start_pos, seq_len,
+                                                    min_tokens)):
+            return False
+        slot = self._slot(work.seq_id, work.start_pos, work.block_table)
+        try:
+            h.begin_after(work.seq_id, parse_state(get_state(self.llama_cpp, self.ctx, slot)))
+        except StateFormatError as e:
+            log.warning("llama.cpp runner: a cached prefix's KV could not be read into torch "
+                        "(%s); its prompt's tail prefills in llama.cpp", e)
+            return False
+        return True
 
     def _torch_prefill(self, work: PrefillWork) -> torch.Tensor | None:
         """One chunk in torch; on the last one, the KV handed to the sequence's llama.cpp
@@ -747,21 +772,38 @@ class LlamaCppRunner:
         if not work.sample:
             return None
         tokens = self.handoff.tokens(work.seq_id)
-        self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
+        first = self.handoff.first_position(work.seq_id)
+        self.llama_cpp.llama_memory_seq_rm(self.memory, slot, first, -1)
         try:
-            llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, slot,
-                                           self.handoff.state(work.seq_id))
+            state = self.handoff.state(work.seq_id)
+            if first == 0:
+                llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, slot, state)
+            else:  # after cached cells the slot keeps: through the scratch sequence
+                self._set_tail_state(slot, state, first, first + len(tokens))
         except RuntimeError as e:
             # llama.cpp restores a state into one run of free cells only; a fragmented
             # cache may have room for the prompt but no such run: prefill it here instead
             log.warning("%s; prefilling those %d tokens in llama.cpp", e, len(tokens))
-            self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
+            self.llama_cpp.llama_memory_seq_rm(self.memory, slot, first, -1)
             self.adapters.activate(0)  # the base model's KV, whatever ran last
-            self._decode(tokens, list(range(len(tokens))), [slot] * len(tokens), [])
+            self._decode(tokens, list(range(first, first + len(tokens))),
+                         [slot] * len(tokens), [])
         finally:
             self.handoff.drop(work.seq_id)
-        self._cached[slot] = len(tokens)
+        self._cached[slot] = first + len(tokens)
         return got
+
+    def _set_tail_state(self, slot: int, state: np.ndarray, p0: int, p1: int) -> None:
+        """Cells of positions ``p0..p1`` for ``slot``, which holds the positions before them
+        (shared with keepers): llama.cpp writes a state into a sequence it first empties,
+        so the tail goes into the host tier's scratch sequence and is shared from there."""
+        assert self._kept is not None and self._kept.host is not None
+        scratch = self._kept.host.scratch
+        try:
+            llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, scratch, state)
+            self.llama_cpp.llama_memory_seq_cp(self.memory, scratch, slot, p0, p1)
+        finally:
+            self.llama_cpp.llama_memory_seq_rm(self.memory, scratch, -1, -1)
 
     def _decode(self, tokens: list[int], positions: list[int], slots: list[int],
                 rows: list[int]) -> torch.Tensor:

@@ -21,11 +21,20 @@ sequence id, per layer the K rows, per layer the V rows (not transposed: flash a
 f16. For a model with llama.cpp's "normal" rotary layout (Llama's GGUF conversion permutes
 q/k rows from HF's halves to pairs) K is written in pairs.
 
+A prompt that hits the prefix cache with a long uncached tail goes the same way, the other
+direction first: its cached prefix's KV is read out of llama.cpp's cells
+(``llama_state_seq_get_data``) into the HF cache, torch computes the tail over it, and only
+the tail's cells are written back. llama.cpp's flash-attention CPU kernel reads the whole
+cached context once per prompt row, so a tail's cost grows with rows x context (50 rows
+over 835 cached tokens: 177 ms, against 68 ms over none); torch attends with GEMMs (99 ms).
+``worth_torch`` says where it pays.
+
 What guards it: at load a probe prefills a prompt both ways and compares the next step's
-logits (same top token, KL < 0.05) and the state's size; anything else (no AVX512-BF16,
-a model transformers cannot load from the file, a probe that disagrees) leaves the runner
-prefilling everything itself, with the reason logged. Until a sequence's KV is handed
-over, its blocks are not cached for prefix caching (``kv_pending``).
+logits (same top token, KL < 0.05) and the state's size, and continues llama.cpp's own KV
+in torch and compares that step too; anything else (no AVX512-BF16, a model transformers
+cannot load from the file, a probe that disagrees) leaves the runner prefilling everything
+itself, with the reason logged. Until a sequence's KV is handed over, its blocks are not
+cached for prefix caching (``kv_pending``).
 """
 
 from __future__ import annotations
@@ -40,13 +49,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.runners.llamacpp_host_blocks import HEADER, empty_state, get_state, set_state
+from engine.runners.llamacpp_host_blocks import (
+    HEADER,
+    SeqState,
+    StateFormatError,
+    empty_state,
+    get_state,
+    parse_state,
+    set_state,
+)
 
 log = logging.getLogger(__name__)
 
 F16 = 1  # GGML_TYPE_F16
 PROBE_TOKENS = 64
 PROBE_MAX_KL = 0.05
+# A cached prompt's uncached tail of n tokens after c cached ones goes through torch when
+# n * (c + n) reaches this (or n reaches --torch-prefill-tokens). Measured on the default
+# model (2026-11-27, 2 threads): llama.cpp ~1.4 ms a row plus ~2.6 us a row per context
+# token (its attention), torch ~40 ms plus ~1.2 ms a row, reading the prefix ~10 ms per
+# 1,000 tokens: they cross near 25 rows over 835 tokens, 55 over 340, 16 over 1,500.
+TAIL_ROW_CONTEXT = 20_000
+MIN_TAIL = 8
+
+
+def worth_torch(tail: int, seq_len: int, min_tokens: int) -> bool:
+    """Whether ``tail`` uncached tokens ending a ``seq_len``-token prompt whose start is
+    cached prefill faster in torch than in llama.cpp."""
+    return tail >= min_tokens or (tail >= MIN_TAIL and tail * seq_len >= TAIL_ROW_CONTEXT)
 
 
 @contextlib.contextmanager
@@ -70,7 +100,41 @@ class TorchPrefill:
         self.kv_heads = model.config.num_key_value_heads
         self.header = b""  # llama.cpp's state header, set by the probe
         self._caches: dict[int, Any] = {}
-        self._tokens: dict[int, list[int]] = {}  # each sequence's tokens so far (fallback)
+        self._tokens: dict[int, list[int]] = {}  # each sequence's torch tokens (fallback)
+        self._start: dict[int, int] = {}  # each sequence's first torch position
+
+    def begin_after(self, seq_id: int, past: SeqState) -> None:
+        """Start ``seq_id`` in torch after its cached prefix, whose KV llama.cpp holds:
+        ``past`` (its sequence state) read into an HF cache (pairs back to HF's halves,
+        f16 to the model's dtype). Raises ``StateFormatError`` when the cells are not
+        exactly positions 0..n-1 in the layout the hand-over writes."""
+        from transformers import DynamicCache
+
+        n = len(past.positions)
+        layers = len(past.parts) // 2
+        order = np.argsort(past.positions, kind="stable")
+        if not n or not (past.positions[order] == np.arange(n)).all():
+            raise StateFormatError("the cached prefix's cells are not positions 0..n-1")
+        if layers != self.model.config.num_hidden_layers or any(
+                kind != F16 for kind, _ in past.kinds):
+            raise StateFormatError(f"{layers} layers of types {sorted(set(past.kinds))}")
+        cache = DynamicCache()
+        dtype = next(self.model.parameters()).dtype
+        with torch.inference_mode():
+            for i in range(layers):
+                k, v = (torch.from_numpy(past.parts[j][order]).view(torch.float16)
+                        for j in (i, layers + i))
+                d = k.shape[1] // self.kv_heads
+                k = k.view(n, self.kv_heads, d)
+                if self.rope_pairs:  # llama.cpp's pairs -> HF's halves, per head
+                    k = k.view(n, self.kv_heads, d // 2, 2).transpose(-1, -2).reshape(
+                        n, self.kv_heads, d)
+                v = v.view(n, self.kv_heads, d)
+                cache.update(k.transpose(0, 1).unsqueeze(0).to(dtype),
+                             v.transpose(0, 1).unsqueeze(0).to(dtype), i)
+        self._caches[seq_id] = cache
+        self._tokens[seq_id] = []
+        self._start[seq_id] = n
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._caches
@@ -84,6 +148,7 @@ class TorchPrefill:
         if start_pos == 0:
             self._caches[seq_id] = DynamicCache()
             self._tokens[seq_id] = []
+            self._start[seq_id] = 0
         cache = self._caches[seq_id]
         self._tokens[seq_id] += token_ids
         assert cache.get_seq_length() == start_pos, (cache.get_seq_length(), start_pos)
@@ -97,21 +162,29 @@ class TorchPrefill:
         return logits.float()
 
     def tokens(self, seq_id: int) -> list[int]:
+        """The tokens ``seq_id`` ran in torch (from ``first_position(seq_id)`` on)."""
         return self._tokens[seq_id]
 
+    def first_position(self, seq_id: int) -> int:
+        """``seq_id``'s first position computed in torch (0, or its cached prefix's end)."""
+        return self._start[seq_id]
+
     def state(self, seq_id: int) -> np.ndarray:
-        """``seq_id``'s KV in llama.cpp's sequence-state layout (sequence 0, positions from
-        0), its HF cache dropped. Each layer's K and V go into the state in one copy each
-        (transposed, bf16 to f16, and for a "normal" rotary layout halves to pairs): the
-        state of a 3,000-token prompt took 0.13-0.57 s built from intermediate copies."""
+        """The KV ``seq_id`` computed in torch (from ``first_position(seq_id)`` on) in
+        llama.cpp's sequence-state layout (sequence 0), its HF cache dropped. Each layer's
+        K and V go into the state in one copy each (transposed, bf16 to f16, and for a
+        "normal" rotary layout halves to pairs): the state of a 3,000-token prompt took
+        0.13-0.57 s built from intermediate copies."""
         layers = self._caches.pop(seq_id).layers
-        n = layers[0].keys.shape[2]
+        first = self._start[seq_id]
+        n = layers[0].keys.shape[2] - first
         row = self.kv_heads * layers[0].keys.shape[3] * 2  # f16
         kinds = [(F16, row)] * (2 * len(layers))
-        buf, parts = empty_state(self.header, kinds, np.arange(n, dtype=np.int32))
+        buf, parts = empty_state(self.header, kinds,
+                                 np.arange(first, first + n, dtype=np.int32))
         with torch.inference_mode():
             for i, layer in enumerate(layers):
-                k = layer.keys[0].transpose(0, 1)  # [n, kv heads, head dim]
+                k = layer.keys[0, :, first:].transpose(0, 1)  # [n, kv heads, head dim]
                 d = k.shape[-1]
                 dst = torch.from_numpy(parts[i]).view(torch.float16).view(n, self.kv_heads, d)
                 if self.rope_pairs:  # HF's halves -> llama.cpp's pairs, per head
@@ -119,12 +192,13 @@ class TorchPrefill:
                     dst = dst.view(n, self.kv_heads, d // 2, 2)
                 dst.copy_(k)
                 v = torch.from_numpy(parts[len(layers) + i]).view(torch.float16)
-                v.view(n, self.kv_heads, d).copy_(layer.values[0].transpose(0, 1))
+                v.view(n, self.kv_heads, d).copy_(layer.values[0, :, first:].transpose(0, 1))
         return buf
 
     def drop(self, seq_id: int) -> None:
         self._caches.pop(seq_id, None)
         self._tokens.pop(seq_id, None)
+        self._start.pop(seq_id, None)
 
 
 def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: np.ndarray) -> None:
@@ -150,8 +224,10 @@ def load_torch_prefill(source: Any, threads: int, rope_pairs: bool,
 
 def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | None:
     """Prefill ``token_ids`` with llama.cpp and with torch (handed over), decode one more
-    token from each, and compare: None when they agree, else what differs. Also takes
-    llama.cpp's state header. Uses llama.cpp sequence 0 of a fresh context."""
+    token from each, and continue llama.cpp's own prefill in torch for that token too
+    (the cached-prefix direction); compare each with llama.cpp's own: None when they
+    agree, else what differs. Also takes llama.cpp's state header. Uses llama.cpp sequence
+    0 of a fresh context."""
     lc, ctx, memory = runner.llama_cpp, runner.ctx, runner.memory
     n = len(token_ids)
     nxt = token_ids[0]
@@ -163,6 +239,12 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
         if struct.unpack_from("<II", data, HEADER) != (1, n):
             return f"llama.cpp's sequence state starts {bytes(data[:16]).hex()}, not as expected"
         prefill.header = bytes(data[:HEADER])
+        try:
+            prefill.begin_after(-2, parse_state(data))
+        except StateFormatError as e:
+            return f"llama.cpp's sequence state is not laid out as expected ({e})"
+        after = prefill.run(-2, [nxt], n, 1)
+        assert after is not None
         prefill.run(-1, token_ids, 0, 1)
         ours = prefill.state(-1)
         if len(ours) != len(data):
@@ -172,13 +254,16 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
         got = runner._decode([nxt], [n], [0], [0]).clone()
     finally:
         prefill.drop(-1)
+        prefill.drop(-2)
         lc.llama_memory_seq_rm(memory, 0, -1, -1)
         runner._cached[0] = 0
-    p, q = own[0].log_softmax(-1), got[0].log_softmax(-1)
-    kl = float((p.exp() * (p - q)).sum())
-    if int(own[0].argmax()) != int(got[0].argmax()) or kl > PROBE_MAX_KL:
-        return (f"the next token's logits after a handed-over prefill differ from llama.cpp's "
-                f"own (KL {kl:.3f}, top {int(got[0].argmax())} vs {int(own[0].argmax())})")
+    for what, logits in (("a handed-over prefill", got[0]),
+                         ("torch continuing llama.cpp's KV", after[0])):
+        p, q = own[0].log_softmax(-1), logits.log_softmax(-1)
+        kl = float((p.exp() * (p - q)).sum())
+        if int(own[0].argmax()) != int(logits.argmax()) or kl > PROBE_MAX_KL:
+            return (f"the next token's logits after {what} differ from llama.cpp's own "
+                    f"(KL {kl:.3f}, top {int(logits.argmax())} vs {int(own[0].argmax())})")
     return None
 
 
@@ -208,8 +293,9 @@ def start(runner: Any, source: Any, min_tokens: int) -> TorchPrefill | None:
             why = f"the torch model could not be used ({type(e).__name__}: {e})"
         if why is None:
             log.info("llama.cpp runner: prompts of %d+ tokens prefill in torch bf16 and hand "
-                     "their KV to llama.cpp (--torch-prefill-tokens; loaded and checked in "
-                     "%.1fs)", min_tokens, time.perf_counter() - t0)
+                     "their KV to llama.cpp, as do a prefix-cache hit's long uncached tails "
+                     "(--torch-prefill-tokens; loaded and checked in %.1fs)", min_tokens,
+                     time.perf_counter() - t0)
             return prefill
     log.info("llama.cpp runner: --torch-prefill-tokens off: %s", why)
     return None

@@ -2,17 +2,20 @@
 GGUF: a long prompt prefilled by torch in bf16 and handed to llama.cpp decodes the same
 greedy tokens as llama.cpp's own prefill, while a short request decodes in the same
 steps; its blocks are cached once handed over (a later prompt hits them, same output);
-an abort mid-prefill leaves nothing behind; a hand-over in the wrong K layout is caught
-by the start-up probe. Needs a CPU with AVX512-BF16 (the feature is off elsewhere)."""
+a hit whose uncached tail is long prefills the tail in torch over the cached KV read out of
+llama.cpp (same output); an abort mid-prefill leaves nothing behind; a hand-over in the
+wrong K layout is caught by the start-up probe. Needs a CPU with AVX512-BF16 (the feature
+is off elsewhere)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import specdecode.worker
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.runners import llamacpp_handoff
+from engine.runners import llamacpp_handoff, llamacpp_host_blocks
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
@@ -128,9 +131,89 @@ def test_blocks_are_cached_once_handed_over_and_a_later_prompt_hits_them(engine,
             tokens += [t for d in out.deltas for t in d.token_ids]
             usage = out.usage if out.finished else usage
     assert usage is not None and usage.cached_prompt_tokens >= 512
-    assert len(handovers) == 1  # the hit prefilled only its tail, in llama.cpp
+    # the hit prefilled only its tail, in llama.cpp: 30 rows over 590 tokens are below
+    # where torch pays (worth_torch)
+    assert not llamacpp_handoff.worth_torch(len(prompt) - usage.cached_prompt_tokens,
+                                            len(prompt), engine.config.torch_prefill_tokens)
+    assert len(handovers) == 1
     ref = run_to_completion(own, {0: [("r", prompt, greedy())]})["r"][0].token_ids
     assert tokens == ref
+
+
+def _generate(engine: LLMEngine, request_id: str, prompt: list[int]) -> tuple[list[int], int]:
+    """Greedy tokens and cached prompt tokens of one request run alone."""
+    engine.add_request(request_id, prompt, greedy())
+    usage, tokens = None, []
+    while engine.has_work:
+        for out in engine.step():
+            tokens += [t for d in out.deltas for t in d.token_ids]
+            usage = out.usage if out.finished else usage
+    assert usage is not None
+    return tokens, usage.cached_prompt_tokens
+
+
+@pytest.mark.parametrize("placed", [True, False], ids=["handed-over", "llama.cpp-refuses"])
+def test_a_hit_with_a_long_tail_prefills_it_in_torch_over_the_cached_kv(
+        engine, own, handovers, monkeypatch, placed):
+    """A prompt that finds 560 cached tokens and adds 100: the tail runs in torch over
+    the cached prefix's KV read out of llama.cpp's cells, and only the tail's cells are
+    handed over (shared into the sequence after its cached ones); greedy output equals
+    llama.cpp's own prefill of the whole prompt. When llama.cpp cannot place the tail's
+    state, llama.cpp prefills the tail instead (same output)."""
+    story = "Lanterns glow along the canal when the evening boats come in. "
+    ids = prompt_of(engine.tokenizer, LONG, story + ("" if placed else "Again. "))
+    _generate(engine, "first", ids)  # prefilled in torch, cached once handed over
+    assert len(handovers) == 1
+    if not placed:
+        real = llamacpp_handoff.set_seq_state
+
+        def refuse_tails(lc, ctx, slot, data):
+            if slot != engine.runner._kept.host.scratch:
+                return real(lc, ctx, slot, data)
+            raise RuntimeError("llama.cpp did not take a handed-over KV")
+
+        monkeypatch.setattr(llamacpp_handoff, "set_seq_state", refuse_tails)
+    tail = prompt_of(engine.tokenizer, 100, "A long follow-up question, asked with care, "
+                     "about each of the things described above, one by one? ")
+    prompt = ids[:-40] + tail
+    tokens, cached = _generate(engine, "second", prompt)
+    assert cached >= 512
+    assert llamacpp_handoff.worth_torch(len(prompt) - cached, len(prompt),
+                                        engine.config.torch_prefill_tokens)
+    if placed:
+        first_size, tail_size = handovers
+        assert tail_size < first_size * (len(prompt) - cached + 1) / len(ids)  # the tail
+    else:
+        assert len(handovers) == 1
+    ref = run_to_completion(own, {0: [("r", prompt, greedy())]})["r"][0].token_ids
+    assert tokens == ref
+    # and the sequence's whole KV is llama.cpp's to cache: a third prompt hits all of it
+    _, cached_again = _generate(engine, "third", prompt[:-3] + tail[:3])
+    assert cached_again >= len(prompt) - 16 - 3
+    assert engine.scheduler.allocator.num_used == 0
+    assert not any(s in engine.runner.handoff for s in range(100))
+
+
+def test_the_cached_prefix_read_back_into_torch_is_the_kv_torch_wrote(engine):
+    """State -> HF cache is the exact inverse of the hand-over's HF cache -> state, up to
+    the f16 llama.cpp keeps (bf16 values below f16's normal range lose bits there); K's
+    rotary pairs go back to halves."""
+    prefill = engine.runner.handoff
+    ids = engine.runner.tokenize("Owls hunt mice in the fields by night. " * 4)
+    prefill.run(-5, ids, 0, 0)
+    before = [(layer.keys.clone(), layer.values.clone())
+              for layer in prefill._caches[-5].layers]
+    state = prefill.state(-5)
+    prefill.drop(-5)
+    prefill.begin_after(-6, llamacpp_host_blocks.parse_state(state))
+    try:
+        after = prefill._caches[-6].layers
+        assert prefill.first_position(-6) == len(ids)
+        for (k, v), layer in zip(before, after, strict=True):
+            for got, want in ((layer.keys, k), (layer.values, v)):
+                assert torch.equal(got, want.to(torch.float16).to(want.dtype))
+    finally:
+        prefill.drop(-6)
 
 
 @pytest.mark.parametrize("speculate", [False, True], ids=["plain", "ngram"])
