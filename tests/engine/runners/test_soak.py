@@ -36,12 +36,17 @@ class Req:
     abort_after: int | None  # steps after its arrival; None = runs out
 
 
-def scenario(tokenizer, rng: random.Random, n: int) -> list[Req]:
+def scenario(tokenizer, rng: random.Random, n: int, long_questions: float = 0.0
+             ) -> list[Req]:
+    """``long_questions``: the share of questions of 60-120 words (a cache hit's tail the
+    llama.cpp runner prefills in torch)."""
     prefixes = [" ".join(rng.choice(WORDS) for _ in range(k)) for k in (60, 110, 170)]
     reqs = []
     for i in range(n):
+        words = rng.randint(60, 120) if long_questions and rng.random() < long_questions \
+            else rng.randint(3, 20)
         text = (rng.choice(prefixes) if rng.random() < 0.8 else "") + f" Question {i}: " \
-            + " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 20)))
+            + " ".join(rng.choice(WORDS) for _ in range(words))
         kind = rng.choice(["greedy", "greedy", "seeded", "n2"])
         params: dict = dict(max_new_tokens=rng.randint(6, 16), ignore_eos=True)
         if kind == "seeded":
@@ -120,16 +125,22 @@ def test_torch_runner_under_load_equals_each_request_alone():
 
 @pytest.mark.skipif(not llama_cpp_available(), reason="needs llama-cpp-python")
 @pytest.mark.usefixtures("torch_threads_restored")
-def test_llama_cpp_runner_under_load_finishes_every_request_with_all_its_tokens():
+def test_llama_cpp_runner_under_load_finishes_every_request_with_all_its_tokens(monkeypatch):
     rng = random.Random(1)
     engine = loaded_engine("llamacpp", kv=8 << 20, torch_prefill_tokens=128)
-    reqs = scenario(engine.tokenizer, rng, 24)
+    handoff = engine.runner.handoff  # None on a CPU without AVX512-BF16
+    tails: list[int] = []  # cache hits whose tails went to torch
+    if handoff is not None:
+        real = type(handoff).begin_after
+        monkeypatch.setattr(type(handoff), "begin_after", lambda self, seq_id, past: (
+            tails.append(seq_id), real(self, seq_id, past))[1])
+    reqs = scenario(engine.tokenizer, rng, 24, long_questions=0.3)
     got = under_load(engine, reqs, rng)
     assert engine.scheduler.num_preemptions > 0 and engine.scheduler.allocator.stats.hits > 0
+    assert handoff is None or tails
     for r in reqs:
         if r.abort_after is None:
             assert [len(got[r.request_id][k]) for k in range(r.params.get("n", 1))] == \
                 [r.params["max_new_tokens"]] * r.params.get("n", 1), r
     assert engine.scheduler.allocator.num_used == 0
-    handoff = engine.runner.handoff  # None on a CPU without AVX512-BF16
     assert handoff is None or not any(s in handoff for s in range(200))
