@@ -194,6 +194,29 @@ def test_a_hit_with_a_long_tail_prefills_it_in_torch_over_the_cached_kv(
     assert not any(s in engine.runner.handoff for s in range(100))
 
 
+def test_an_abort_mid_tail_leaves_no_torch_cache_and_the_prefix_still_cached(engine, own):
+    """A 600-token tail after a cached prompt runs in torch over two steps (512 tokens
+    alone, then the rest); aborted after the first, nothing is left in torch or held, and
+    the next prompt with that prefix still hits it (same output as llama.cpp's own)."""
+    ids = prompt_of(engine.tokenizer, 300, "Foxes den under the roots of old oaks. ")
+    _generate(engine, "first", ids)
+    long_tail = prompt_of(engine.tokenizer, 600, "Then a long letter, read aloud. ")
+    engine.add_request("gone", ids[:288] + long_tail, greedy())
+    engine.step()
+    seq = next(iter(engine.scheduler.running))
+    assert seq.seq_id in engine.runner.handoff
+    assert engine.runner.handoff.first_position(seq.seq_id) == 288
+    engine.abort("gone")
+    while engine.has_work:
+        engine.step()
+    assert seq.seq_id not in engine.runner.handoff
+    assert engine.scheduler.allocator.num_used == 0
+    prompt = ids[:288] + long_tail[:40]
+    tokens, cached = _generate(engine, "again", prompt)
+    assert cached == 288
+    assert tokens == run_to_completion(own, {0: [("r", prompt, greedy())]})["r"][0].token_ids
+
+
 def test_the_cached_prefix_read_back_into_torch_is_the_kv_torch_wrote(engine):
     """State -> HF cache is the exact inverse of the hand-over's HF cache -> state, up to
     the f16 llama.cpp keeps (bf16 values below f16's normal range lose bits there); K's
