@@ -146,19 +146,22 @@ def resolve_dtype(dtype: str, device: torch.device,
     return table[dtype]
 
 
-def hf_source(source: ModelSource) -> ModelSource:
+def hf_source(source: ModelSource, convert: bool = True) -> ModelSource:
     """What to load ``source`` from: for a .gguf, its weights-cache entry (converted now if
-    missing); the .gguf itself when the cache cannot be used. ``model_id`` is unchanged."""
+    missing, with ``convert``); the .gguf itself when there is none. ``model_id`` is
+    unchanged."""
     if not source.gguf_file:
         return source
-    entry = weights_cache.cached_model_dir(Path(source.directory) / source.gguf_file)
+    entry = weights_cache.cached_model_dir(Path(source.directory) / source.gguf_file,
+                                           build=convert)
     return source if entry is None else ModelSource(str(entry), None, source.model_id)
 
 
-def _load_via_cache(source: ModelSource, load: Callable[[ModelSource], T]) -> T:
+def _load_via_cache(source: ModelSource, load: Callable[[ModelSource], T],
+                    convert: bool = True) -> T:
     """``load`` from the cache entry; an entry that passed the cheap checks but still fails
     to load is discarded and rebuilt once (the second failure is the real error)."""
-    hf = hf_source(source)
+    hf = hf_source(source, convert)
     if hf is source:
         return load(source)
     try:
@@ -167,7 +170,7 @@ def _load_via_cache(source: ModelSource, load: Callable[[ModelSource], T]) -> T:
         log.warning("weights cache entry %s failed to load (%s): rebuilding it",
                     hf.directory, e)
         weights_cache.discard(Path(hf.directory))
-        return load(hf_source(source))
+        return load(hf_source(source, convert))
 
 
 def _from_pretrained_kwargs(source: ModelSource) -> dict[str, Any]:
@@ -221,13 +224,15 @@ def load_config(source: ModelSource, trust_remote_code: bool = False):
 
 
 def load_tokenizer(source: ModelSource, trust_remote_code: bool = False,
-                   chat_template: str | None = None):
+                   chat_template: str | None = None, convert: bool = True):
     """The model's tokenizer; ``chat_template`` (a file's path) replaces the model's own
-    template (``--chat-template``)."""
+    template (``--chat-template``). A .gguf's comes from its weights-cache entry,
+    converted now if missing unless not ``convert`` (then from the file itself)."""
     from transformers import AutoTokenizer
 
     tok = _load_via_cache(source, lambda s: AutoTokenizer.from_pretrained(
-        s.directory, trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)))
+        s.directory, trust_remote_code=trust_remote_code, **_from_pretrained_kwargs(s)),
+        convert)
     if chat_template:
         use_chat_template(tok, chat_template)
     return tok

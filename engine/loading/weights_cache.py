@@ -135,9 +135,11 @@ def discard(entry: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | None:
+def cached_model_dir(gguf: Path, convert: Converter | None = None,
+                     build: bool = True) -> Path | None:
     """The HF directory converted from ``gguf``, converting it now when there is no
-    usable entry; None when the cache cannot be used (then load the .gguf directly)."""
+    usable entry (with ``build``: without, only an entry already there); None when the
+    cache cannot be used (then load the .gguf directly)."""
     gguf = gguf.resolve()
     root = cache_root()
     try:
@@ -157,6 +159,8 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None) -> Path | Non
             return entry
         log.warning("weights cache entry %s is unusable (%s): rebuilding it", entry, problem)
         discard(entry)
+    if not build:
+        return None
     try:
         return _build(gguf, key, entry, convert or convert_gguf)
     except Exception as e:  # the cache is an optimisation: never the reason a start fails

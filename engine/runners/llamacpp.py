@@ -382,12 +382,16 @@ class LlamaCppRunner:
         self.adapters = AdapterSlots(llama_cpp, self.model, self.ctx, BaseModel(
             str(arch), n_layer, llama_cpp.llama_model_n_head(self.model), n_head_kv,
             llama_cpp.llama_model_rope_type(self.model) == llama_cpp.LLAMA_ROPE_TYPE_NORM))
-        self.tokenizer = self._load_tokenizer(source, path, arch)
-        if config.chat_template:
-            use_chat_template(self.tokenizer, config.chat_template)
-        self._config_eos = _config_eos_ids(source)
         # Long prompts prefilled by torch, their KV handed over (llamacpp_handoff.py)
         self.handoff = llamacpp_handoff.start(self, source, config.torch_prefill_tokens)
+        # The HF tokenizer and configs from the weights-cache entry the torch prefill
+        # needs; without the torch prefill no entry is made for them (converting a big
+        # model to float32 for its tokenizer would cost minutes and its size in memory)
+        converted = self.handoff is not None
+        self.tokenizer = self._load_tokenizer(source, path, arch, converted)
+        if config.chat_template:
+            use_chat_template(self.tokenizer, config.chat_template)
+        self._config_eos = _config_eos_ids(source, converted)
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
         log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
@@ -532,7 +536,8 @@ class LlamaCppRunner:
         n = self.llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
         return buf.value.decode() if n >= 0 else None
 
-    def _load_tokenizer(self, source: ModelSource, path: str, arch: str | None) -> Any:
+    def _load_tokenizer(self, source: ModelSource, path: str, arch: str | None,
+                        convert: bool = True) -> Any:
         """The HF tokenizer the engine tokenises with; its ids must be llama.cpp's.
 
         First the torch runner's (transformers' GGUF loader, through the weights cache).
@@ -549,7 +554,7 @@ class LlamaCppRunner:
 
         problems = []
         def loader() -> Any:
-            return load_tokenizer(source, self.config.trust_remote_code)
+            return load_tokenizer(source, self.config.trust_remote_code, convert=convert)
 
         for what, load in (("transformers' GGUF loader", loader),
                            ("the file's tokenizer fields", generic)):
@@ -861,12 +866,13 @@ class LlamaCppRunner:
             self._cached[slot] = pos + 1
 
 
-def _config_eos_ids(source: ModelSource) -> set[int]:
+def _config_eos_ids(source: ModelSource, convert: bool = True) -> set[int]:
     """EOS ids of the model's HF config and generation config (what the torch runner
-    reads), from the converted-weights cache entry the tokenizer came from."""
+    reads), from the converted-weights cache entry the tokenizer came from (or the file,
+    with no entry and not ``convert``)."""
     from transformers import AutoConfig, GenerationConfig
 
-    hf = hf_source(source)
+    hf = hf_source(source, convert)
     kwargs: dict[str, Any] = {"gguf_file": hf.gguf_file} if hf.gguf_file else {}
     configs = []
     for load in (GenerationConfig.from_pretrained, AutoConfig.from_pretrained):

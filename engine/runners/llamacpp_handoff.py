@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,6 +55,7 @@ from engine.runners.llamacpp_host_blocks import (
     HEADER,
     SeqState,
     StateFormatError,
+    available_memory,
     empty_state,
     get_state,
     parse_state,
@@ -70,6 +73,10 @@ PROBE_MAX_KL = 0.05
 # token (its attention), torch ~40 ms plus ~1.2 ms a row, reading the prefix ~10 ms per
 # 1,000 tokens: they cross near 25 rows over 835 tokens, 55 over 340, 16 over 1,500.
 TAIL_ROW_CONTEXT = 20_000
+RESIDENT_BYTES_PER_PARAM = 2  # the torch copy in bf16
+# converting a .gguf to float32: its peak over the imports, measured for the default model
+# (800 MiB for 134.5M parameters: 6.2 bytes a parameter), with a margin
+CONVERT_BYTES_PER_PARAM = 8
 MIN_TAIL = 8
 
 
@@ -267,6 +274,40 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
     return None
 
 
+def memory_problem(n_params: int, source: Any, available: int | None) -> str | None:
+    """Why the torch copy of an ``n_params`` model does not fit here, None when it does:
+    bf16 weights kept resident (at most half the ``available`` memory: the rest is for
+    llama.cpp's KV, requests and the host tier), and, when the .gguf has no weights-cache
+    entry yet, its float32 conversion first (~6 bytes a parameter at its peak for the
+    default model, counted as 8) and its files on disk (4 bytes a parameter). A Llama 3 8B
+    would take 16 GiB resident and ~64 GiB while converting: without this, a start on a
+    24 GiB machine was killed while converting, with no message."""
+    from engine.loading.weights_cache import cache_root, cached_model_dir
+
+    gib = 2**30
+    resident = RESIDENT_BYTES_PER_PARAM * n_params
+    if available is not None and resident > available // 2:
+        return (f"its bf16 copy would keep {resident / gib:.1f} GiB, more than half the "
+                f"{available / gib:.1f} GiB of memory available")
+    gguf = Path(source.directory) / source.gguf_file if source.gguf_file else None
+    if gguf is None or cached_model_dir(gguf, build=False) is not None:
+        return None
+    converting = CONVERT_BYTES_PER_PARAM * n_params
+    if available is not None and converting > available:
+        return (f"converting the .gguf for torch (once, into the weights cache) would take "
+                f"~{converting / gib:.1f} GiB of the {available / gib:.1f} GiB of memory "
+                f"available")
+    root = cache_root()
+    while not root.exists() and root != root.parent:
+        root = root.parent
+    disk = 4 * n_params
+    free = shutil.disk_usage(root).free
+    if disk > free:
+        return (f"its converted weights would take {disk / gib:.1f} GiB in {cache_root()}, "
+                f"which has {free / gib:.1f} GiB free")
+    return None
+
+
 def start(runner: Any, source: Any, min_tokens: int) -> TorchPrefill | None:
     """The runner's torch prefill, or None (logged why) when it cannot be used."""
     from engine.runners.requantize import cpu_has_bf16_gemm
@@ -281,6 +322,9 @@ def start(runner: Any, source: Any, min_tokens: int) -> TorchPrefill | None:
         why = "this CPU has no AVX512-BF16 (bf16 torch would be no faster)"
     elif not torch.backends.mkldnn.is_available():
         why = "torch has no oneDNN here"
+    else:
+        why = memory_problem(lc.llama_model_n_params(runner.model), source,
+                             available_memory())
     if why is None:
         t0 = time.perf_counter()
         rope_pairs = lc.llama_model_rope_type(runner.model) == lc.LLAMA_ROPE_TYPE_NORM

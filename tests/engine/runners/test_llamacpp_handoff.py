@@ -15,6 +15,8 @@ import torch
 import specdecode.worker
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.loading import weights_cache
+from engine.loading.model_loader import resolve_model
 from engine.runners import llamacpp_handoff, llamacpp_host_blocks
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
@@ -298,6 +300,43 @@ def test_a_state_llama_cpp_cannot_place_is_prefilled_by_llama_cpp_instead(engine
     ref = run_to_completion(own, {0: [("r", ids, greedy())]})["r"][0].token_ids
     assert got == ref and engine.scheduler.allocator.num_used == 0
     assert not any(s in engine.runner.handoff for s in range(100))
+
+
+def test_a_model_whose_torch_copy_does_not_fit_starts_without_it_and_converts_nothing(
+        engine, own, tmp_path, monkeypatch, caplog):
+    """With too little memory for converting the .gguf to float32 (a Llama 3 8B would
+    need ~64 GiB; the default model ~1 GiB, so 600 MiB here), the runner starts without
+    the torch prefill, saying why, and makes no weights-cache entry: its HF tokenizer and
+    configs come from the file itself, and it serves as before."""
+    monkeypatch.setenv("GENSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(llamacpp_handoff, "available_memory", lambda: 600 << 20)
+    with caplog.at_level("INFO"):
+        small = LLMEngine(config(requantize="none"))
+    assert small.runner.handoff is None
+    assert "--torch-prefill-tokens off: converting the .gguf" in caplog.text
+    assert not list(tmp_path.glob("SmolLM2*")), list(tmp_path.iterdir())
+    text = "Rivers carry sand, stones and 42 boats down to the sea."
+    assert small.tokenizer(text)["input_ids"] == engine.tokenizer(text)["input_ids"]
+    assert small.runner.eos_token_ids() == engine.runner.eos_token_ids()
+    ids = prompt_of(engine.tokenizer, MID, "Kites rise over the dunes in the wind. ")
+    got = run_to_completion(small, {0: [("r", ids, greedy())]})["r"][0].token_ids
+    assert len(got) == MAX_NEW
+
+
+@pytest.mark.parametrize("available, cached, why", [
+    (None, False, None),  # memory unknown: only the disk is checked
+    (8 << 30, False, None),
+    (200 << 20, True, "bf16 copy would keep"),  # 270 MB resident > half of 200 MiB
+    (600 << 20, True, None),  # converted already: only the resident copy counts
+    (600 << 20, False, "converting the .gguf"),
+], ids=["unknown", "plenty", "resident", "cached", "converting"])
+def test_the_torch_copys_memory_is_checked_before_it_is_made(engine, monkeypatch, available,
+                                                             cached, why):
+    monkeypatch.setattr(weights_cache, "cached_model_dir",
+                        lambda gguf, build=True: gguf.parent if cached else None)
+    n = engine.runner.llama_cpp.llama_model_n_params(engine.runner.model)
+    got = llamacpp_handoff.memory_problem(n, resolve_model("default"), available)
+    assert (got is None) if why is None else (why in got), got
 
 
 def test_the_start_up_probe_refuses_a_hand_over_in_the_wrong_k_layout(engine):
