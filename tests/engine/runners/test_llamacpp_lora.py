@@ -75,7 +75,7 @@ def engine(gguf_path, cache, tiny_model_dir) -> Iterator[LLMEngine]:
     count is restored after (the runner limits torch to one thread)."""
     n = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(weights_cache, "cached_model_dir", lambda gguf, convert=None: tiny_model_dir)
+        mp.setattr(weights_cache, "cached_model_dir", lambda gguf, *a, **k: tiny_model_dir)
         yield LLMEngine(EngineConfig(
             model=str(gguf_path), runner="llamacpp", max_model_len=256,
             kv_cache_memory=4 << 20, max_num_seqs=8, threads=1, adapter_cache=str(cache),
@@ -256,7 +256,7 @@ def test_on_a_neox_rope_model_q_and_k_are_not_permuted(tmp_path, tokenizer_dir, 
     save_lora(model_dir, tmp_path / "adapters" / "qk", seed=4,
               targets=["q_proj", "k_proj", "v_proj"], rank=4)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(weights_cache, "cached_model_dir", lambda gguf, convert=None: model_dir)
+        mp.setattr(weights_cache, "cached_model_dir", lambda gguf, *a, **k: model_dir)
         qwen = LLMEngine(EngineConfig(
             model=str(path), runner="llamacpp", max_model_len=256, kv_cache_memory=4 << 20,
             max_num_seqs=4, threads=1, adapter_cache=str(tmp_path / "adapters"),
