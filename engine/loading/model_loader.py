@@ -148,12 +148,14 @@ def resolve_dtype(dtype: str, device: torch.device,
 
 def hf_source(source: ModelSource, convert: bool = True) -> ModelSource:
     """What to load ``source`` from: for a .gguf, its weights-cache entry (converted now if
-    missing, with ``convert``); the .gguf itself when there is none. ``model_id`` is
-    unchanged."""
+    missing), or without ``convert`` an entry of its tokenizer and configs only
+    (``cached_tokenizer_dir``); the .gguf itself when the cache cannot be used.
+    ``model_id`` is unchanged."""
     if not source.gguf_file:
         return source
-    entry = weights_cache.cached_model_dir(Path(source.directory) / source.gguf_file,
-                                           build=convert)
+    gguf = Path(source.directory) / source.gguf_file
+    entry = (weights_cache.cached_model_dir(gguf) if convert
+             else weights_cache.cached_tokenizer_dir(gguf))
     return source if entry is None else ModelSource(str(entry), None, source.model_id)
 
 
@@ -227,7 +229,7 @@ def load_tokenizer(source: ModelSource, trust_remote_code: bool = False,
                    chat_template: str | None = None, convert: bool = True):
     """The model's tokenizer; ``chat_template`` (a file's path) replaces the model's own
     template (``--chat-template``). A .gguf's comes from its weights-cache entry,
-    converted now if missing unless not ``convert`` (then from the file itself)."""
+    converted now if missing, or without ``convert`` from a tokenizer-only entry."""
     from transformers import AutoTokenizer
 
     tok = _load_via_cache(source, lambda s: AutoTokenizer.from_pretrained(

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 CACHE_DIR_ENV = "GENSERVE_CACHE_DIR"
 MANIFEST = "genserve-cache.json"
 FORMAT = 2  # bump when the entry layout or the conversion changes: old entries are ignored
+TOKENIZER_SUFFIX = "-tokenizer"  # a tokenizer entry's name: its full entry's, then this
 _SAMPLE_BYTES = 1 << 20
 _TMP_PREFIX = ".tmp-"
 _STALE_TMP_S = 3600.0  # a temporary directory this old is a crashed conversion's: removed
@@ -83,8 +84,9 @@ def _transformers_version() -> str:
         return "?"
 
 
-def check_entry(entry: Path, key: str) -> str | None:
-    """Why ``entry`` cannot be used, or None when it is complete.
+def check_entry(entry: Path, key: str, weights: bool = True) -> str | None:
+    """Why ``entry`` cannot be used, or None when it is complete (a tokenizer entry,
+    not ``weights``, has none).
 
     Cheap (no tensor data is read): the manifest, written last, names every file with its
     size; config.json must parse; each safetensors file's header must parse and its data
@@ -99,10 +101,10 @@ def check_entry(entry: Path, key: str) -> str | None:
             if (entry / name).stat().st_size != size:
                 return f"{name} has the wrong size"
         json.loads((entry / "config.json").read_text())
-        weights = [name for name in files if name.endswith(".safetensors")]
-        if not weights:
+        tensors = [name for name in files if name.endswith(".safetensors")]
+        if weights and not tensors:
             return "no safetensors weights"
-        for name in weights:
+        for name in tensors:
             _check_safetensors(entry / name)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"{type(e).__name__}: {e}"
@@ -177,6 +179,39 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None,
         return None
 
 
+def cached_tokenizer_dir(gguf: Path) -> Path | None:
+    """An HF directory with ``gguf``'s tokenizer, config and generation config: its full
+    entry when there is one, else a tokenizer entry (no weights, a few MB), converted now
+    if missing; None when the cache cannot be used (then read them from the .gguf).
+
+    Why: the llama.cpp runner needs no torch weights, only the HF tokenizer (and the EOS
+    ids of the configs); converting a big model to float32 for them cost its whole size in
+    memory and on disk, and parsing them from the .gguf at every start costs two reads of
+    its vocabulary (seconds each for a large one)."""
+    full = cached_model_dir(gguf, build=False)
+    if full is not None:
+        return full
+    gguf = gguf.resolve()
+    try:
+        key = source_key(gguf)
+    except OSError:
+        return None
+    entry = cache_root() / f"{gguf.stem}-{key[:20]}{TOKENIZER_SUFFIX}"
+    if _remembered_unread(entry, key) is not None:
+        return None
+    if entry.exists():
+        if check_entry(entry, key, weights=False) is None:
+            return entry
+        discard(entry)
+    try:
+        return _build(gguf, key, entry, convert_tokenizer, weights=False)
+    except Exception as e:  # an optimisation: the caller reads the .gguf instead
+        log.info("%s: no tokenizer entry in the weights cache (%s): reading the .gguf",
+                 gguf.name, e)
+        _remember_unread(entry, key, str(e))
+        return None
+
+
 def _unread_marker(entry: Path) -> Path:
     return entry.with_name(entry.name + ".unreadable.json")
 
@@ -207,7 +242,8 @@ def _remember_unread(entry: Path, key: str, reason: str) -> None:
         pass
 
 
-def _build(gguf: Path, key: str, entry: Path, convert: Converter) -> Path:
+def _build(gguf: Path, key: str, entry: Path, convert: Converter,
+           weights: bool = True) -> Path:
     root = entry.parent
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_tmp(root)
@@ -223,19 +259,19 @@ def _build(gguf: Path, key: str, entry: Path, convert: Converter) -> Path:
         manifest = {"format": FORMAT, "key": key, "source": str(gguf),
                     "source_size": gguf.stat().st_size, "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        problem = check_entry(tmp, key)
+        problem = check_entry(tmp, key, weights)
         if problem:
             raise ValueError(f"the conversion wrote an unusable entry: {problem}")
         try:
             tmp.rename(entry)
         except OSError:
-            if check_entry(entry, key) is None:  # another process finished first
+            if check_entry(entry, key, weights) is None:  # another process finished first
                 return entry
             raise
         log.info("converted %s: done in %.1f s", gguf.name, time.perf_counter() - start)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename
-    _remove_older_versions(gguf, entry)
+    _remove_older_versions(gguf, key, entry)
     return entry
 
 
@@ -257,18 +293,32 @@ def _remove_stale_tmp(root: Path) -> None:
             pass
 
 
-def _remove_older_versions(gguf: Path, keep: Path) -> None:
-    """Entries of earlier versions of the same source file are dead weight: remove them."""
+def _remove_older_versions(gguf: Path, key: str, keep: Path) -> None:
+    """Entries of earlier versions of the same source file (another key; not this
+    version's other entry, full or tokenizer) are dead weight: remove them."""
     for other in keep.parent.glob(f"{gguf.stem}-*"):
         if other == keep:
             continue
         try:
-            source = json.loads((other / MANIFEST).read_text()).get("source")
+            manifest = json.loads((other / MANIFEST).read_text())
+            source, other_key = manifest.get("source"), manifest.get("key")
         except (OSError, ValueError, AttributeError):
             continue
-        if source == str(gguf):
+        if source == str(gguf) and other_key != key:
             log.info("removing %s (an earlier version of %s)", other, gguf.name)
             discard(other)
+
+
+def convert_tokenizer(gguf: Path, out: Path) -> None:
+    """The tokenizer entry's converter: the tokenizer, config and generation config
+    transformers reads from ``gguf``, no weights."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:

@@ -385,7 +385,7 @@ class LlamaCppRunner:
         # Long prompts prefilled by torch, their KV handed over (llamacpp_handoff.py)
         self.handoff = llamacpp_handoff.start(self, source, config.torch_prefill_tokens)
         # The HF tokenizer and configs from the weights-cache entry the torch prefill
-        # needs; without the torch prefill no entry is made for them (converting a big
+        # needs; without the torch prefill, from an entry of them alone (converting a big
         # model to float32 for its tokenizer would cost minutes and its size in memory)
         converted = self.handoff is not None
         self.tokenizer = self._load_tokenizer(source, path, arch, converted)

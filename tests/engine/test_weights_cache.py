@@ -188,3 +188,28 @@ def test_an_entry_that_fails_to_load_is_rebuilt_once(cache_dir, gguf, monkeypatc
     assert convert.calls == 2 and len(seen) == 2 and "failed to load" in caplog.text
     assert seen[0].gguf_file is None and Path(directory).parent == cache_dir
     assert source.gguf_file == gguf.name and source.model_id == "tiny.Q4_1"  # unchanged
+
+
+def test_a_tokenizer_entry_is_made_once_and_a_full_entry_is_preferred(cache_dir, gguf,
+                                                                      monkeypatch):
+    """What the llama.cpp runner reads without its torch prefill: the full entry when
+    there is one, else a tokenizer entry converted once; the two of one version coexist,
+    and a new version of the file removes both old ones."""
+    calls = []
+
+    def tokenizer_only(src: Path, out: Path) -> None:
+        calls.append(src)
+        (out / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        (out / "tokenizer_config.json").write_text("{}")
+
+    monkeypatch.setattr(weights_cache, "convert_tokenizer", tokenizer_only)
+    light = weights_cache.cached_tokenizer_dir(gguf)
+    assert light is not None and light.name.endswith(weights_cache.TOKENIZER_SUFFIX)
+    assert weights_cache.cached_tokenizer_dir(gguf) == light and len(calls) == 1
+    full = weights_cache.cached_model_dir(gguf, FakeConverter())
+    assert full is not None and full.exists() and light.exists()
+    assert weights_cache.cached_tokenizer_dir(gguf) == full
+    gguf.write_bytes(os.urandom(3 << 20))  # a new version of the file
+    newer = weights_cache.cached_tokenizer_dir(gguf)
+    assert newer is not None and len(calls) == 2
+    assert sorted(p.name for p in cache_dir.iterdir()) == [newer.name]

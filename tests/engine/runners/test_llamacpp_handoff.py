@@ -306,15 +306,23 @@ def test_a_model_whose_torch_copy_does_not_fit_starts_without_it_and_converts_no
         engine, own, tmp_path, monkeypatch, caplog):
     """With too little memory for converting the .gguf to float32 (a Llama 3 8B would
     need ~64 GiB; the default model ~1 GiB, so 600 MiB here), the runner starts without
-    the torch prefill, saying why, and makes no weights-cache entry: its HF tokenizer and
-    configs come from the file itself, and it serves as before."""
+    the torch prefill, saying why, and converts no weights: its HF tokenizer and configs
+    go into a tokenizer entry (no weights), which the next start reads; it serves as
+    before."""
     monkeypatch.setenv("GENSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(llamacpp_handoff, "available_memory", lambda: 600 << 20)
     with caplog.at_level("INFO"):
         small = LLMEngine(config(requantize="none"))
     assert small.runner.handoff is None
     assert "--torch-prefill-tokens off: converting the .gguf" in caplog.text
-    assert not list(tmp_path.glob("SmolLM2*")), list(tmp_path.iterdir())
+    entries = list(tmp_path.glob("SmolLM2*"))
+    assert [e.name.endswith(weights_cache.TOKENIZER_SUFFIX) for e in entries] == [True]
+    assert not list(entries[0].glob("*.safetensors"))
+    rebuilt: list = []  # a second start reads that entry, converting nothing
+    monkeypatch.setattr(weights_cache, "convert_tokenizer", lambda *a: rebuilt.append(a))
+    again = LLMEngine(config(requantize="none", kv_cache_memory=16 << 20))
+    assert again.runner.handoff is None and not rebuilt
+    assert again.tokenizer.vocab == small.tokenizer.vocab
     text = "Rivers carry sand, stones and 42 boats down to the sea."
     assert small.tokenizer(text)["input_ids"] == engine.tokenizer(text)["input_ids"]
     assert small.runner.eos_token_ids() == engine.runner.eos_token_ids()
