@@ -208,7 +208,8 @@ def cached_tokenizer_dir(gguf: Path) -> Path | None:
     except Exception as e:  # an optimisation: the caller reads the .gguf instead
         log.info("%s: no tokenizer entry in the weights cache (%s): reading the .gguf",
                  gguf.name, e)
-        _remember_unread(entry, key, str(e))
+        if not isinstance(e, OSError):  # transformers cannot read it: not again
+            _remember_unread(entry, key, str(e))
         return None
 
 

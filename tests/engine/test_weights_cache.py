@@ -213,3 +213,19 @@ def test_a_tokenizer_entry_is_made_once_and_a_full_entry_is_preferred(cache_dir,
     newer = weights_cache.cached_tokenizer_dir(gguf)
     assert newer is not None and len(calls) == 2
     assert sorted(p.name for p in cache_dir.iterdir()) == [newer.name]
+
+
+@pytest.mark.parametrize("error, remembered", [(OSError("no space left"), False),
+                                               (ValueError("unknown architecture"), True)])
+def test_a_tokenizer_entry_that_fails_is_retried_only_after_a_passing_error(
+        cache_dir, gguf, monkeypatch, error, remembered):
+    calls = []
+
+    def failing(src: Path, out: Path) -> None:
+        calls.append(src)
+        raise error
+
+    monkeypatch.setattr(weights_cache, "convert_tokenizer", failing)
+    assert weights_cache.cached_tokenizer_dir(gguf) is None
+    assert weights_cache.cached_tokenizer_dir(gguf) is None
+    assert len(calls) == (1 if remembered else 2)
