@@ -73,11 +73,11 @@ PROBE_MAX_KL = 0.05
 # token (its attention), torch ~40 ms plus ~1.2 ms a row, reading the prefix ~10 ms per
 # 1,000 tokens: they cross near 25 rows over 835 tokens, 55 over 340, 16 over 1,500.
 TAIL_ROW_CONTEXT = 20_000
+MIN_TAIL = 8
 RESIDENT_BYTES_PER_PARAM = 2  # the torch copy in bf16
 # converting a .gguf to float32: its peak over the imports, measured for the default model
 # (800 MiB for 134.5M parameters: 6.2 bytes a parameter), with a margin
 CONVERT_BYTES_PER_PARAM = 8
-MIN_TAIL = 8
 
 
 def worth_torch(tail: int, seq_len: int, min_tokens: int) -> bool:
