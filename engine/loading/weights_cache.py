@@ -149,20 +149,15 @@ def cached_model_dir(gguf: Path, convert: Converter | None = None,
     except OSError as e:
         log.warning("cannot read %s for the weights cache (%s): loading it directly", gguf, e)
         return None
-    entry = root / f"{gguf.stem}-{key[:20]}"
+    entry = _entry_path(gguf, key)
     remembered = _remembered_unread(entry, key)
     if remembered is not None:
         log.info("%s: %s (remembered from an earlier start), so there is no converted copy "
                  "(the llama.cpp runner needs none)", gguf.name, remembered)
         return None
-    if entry.exists():
-        problem = check_entry(entry, key)
-        if problem is None:
-            return entry
-        log.warning("weights cache entry %s is unusable (%s): rebuilding it", entry, problem)
-        discard(entry)
-    if not build:
-        return None
+    found = _usable(entry, key)
+    if found is not None or not build:
+        return found
     try:
         return _build(gguf, key, entry, convert or convert_gguf)
     except Exception as e:  # the cache is an optimisation: never the reason a start fails
@@ -188,21 +183,20 @@ def cached_tokenizer_dir(gguf: Path) -> Path | None:
     ids of the configs); converting a big model to float32 for them cost its whole size in
     memory and on disk, and parsing them from the .gguf at every start costs two reads of
     its vocabulary (seconds each for a large one)."""
-    full = cached_model_dir(gguf, build=False)
-    if full is not None:
-        return full
     gguf = gguf.resolve()
     try:
         key = source_key(gguf)
     except OSError:
         return None
-    entry = cache_root() / f"{gguf.stem}-{key[:20]}{TOKENIZER_SUFFIX}"
+    full = _usable(_entry_path(gguf, key), key)
+    if full is not None:
+        return full
+    entry = _entry_path(gguf, key, TOKENIZER_SUFFIX)
     if _remembered_unread(entry, key) is not None:
         return None
-    if entry.exists():
-        if check_entry(entry, key, weights=False) is None:
-            return entry
-        discard(entry)
+    found = _usable(entry, key, weights=False)
+    if found is not None:
+        return found
     try:
         return _build(gguf, key, entry, convert_tokenizer, weights=False)
     except Exception as e:  # an optimisation: the caller reads the .gguf instead
@@ -211,6 +205,22 @@ def cached_tokenizer_dir(gguf: Path) -> Path | None:
         if not isinstance(e, OSError):  # transformers cannot read it: not again
             _remember_unread(entry, key, str(e))
         return None
+
+
+def _entry_path(gguf: Path, key: str, suffix: str = "") -> Path:
+    return cache_root() / f"{gguf.stem}-{key[:20]}{suffix}"
+
+
+def _usable(entry: Path, key: str, weights: bool = True) -> Path | None:
+    """``entry`` when it exists and ``check_entry`` passes; one that fails is removed."""
+    if not entry.exists():
+        return None
+    problem = check_entry(entry, key, weights)
+    if problem is None:
+        return entry
+    log.warning("weights cache entry %s is unusable (%s): rebuilding it", entry, problem)
+    discard(entry)
+    return None
 
 
 def _unread_marker(entry: Path) -> Path:
