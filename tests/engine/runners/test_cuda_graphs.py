@@ -157,3 +157,32 @@ def test_a_long_context_runs_in_a_wider_graph_with_the_same_tokens(tiny_model_di
     res = run_to_completion(engine, {0: [("r0", long_ids, greedy())]})
     assert res["r0"][0].token_ids == ref
     assert {w for _, _, w in calls} == {1024 // 16}, calls  # 300 tokens: the 1024 graphs
+
+
+def test_prefix_cache_hits_share_blocks_inside_the_graphs_with_hf_greedy_tokens(
+        tiny_model_dir, tokenizer):
+    """Prefix caching on CUDA: later prompts take the first one's cached system-prompt
+    blocks, and the three decode together in captured steps whose block tables point at
+    the same blocks (the Triton kernel reads them in place). Greedy output is HF's, and
+    equals a run with caching off."""
+    system = "You are a careful assistant. Answer briefly and precisely. " * 6
+    prompts = [tokenizer(system + q)["input_ids"] for q in
+               ("What is the capital of France?", "Name three prime numbers.",
+                "How far is the Moon?")]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = [model.generate(torch.tensor([ids]), max_new_tokens=NEW, min_new_tokens=NEW,
+                              do_sample=False)[0, len(ids):].tolist() for ids in prompts]
+    # the first prompt alone, the others once its blocks are cached: all three then decode
+    arrivals = {0: [("r0", prompts[0], greedy())],
+                3: [(f"r{i}", ids, greedy()) for i, ids in enumerate(prompts) if i]}
+    outs = {}
+    for caching in (True, False):
+        engine = cuda_engine(tiny_model_dir, enable_prefix_caching=caching)
+        calls = replayed(engine)
+        outs[caching] = tokens(run_to_completion(engine, arrivals), 3)
+        assert any(r == 3 for r, _, _ in calls), calls
+        if caching:
+            assert engine.stats().prefix_cache_hits >= 2 * 16, engine.stats()
+    assert outs[True] == ref
+    assert outs[False] == ref
