@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.loading.gguf_reader import shared_parses
 from engine.loading.rope_scaling import longrope_parameters
 
 # llama.cpp's "27B" Gemma models (decided there from the layer count) scale queries by
@@ -58,8 +59,9 @@ def gguf_config(path: Path) -> Any:
     """transformers' config of the GGUF at ``path``, completed (module docstring)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    restore(config, GGUFMetadata(path))
+    with shared_parses():  # transformers' parse serves GGUFMetadata too
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        restore(config, GGUFMetadata(path))
     return config
 
 

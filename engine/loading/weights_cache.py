@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.loading.gguf_config import UnfaithfulGGUF, gguf_config
+from engine.loading.gguf_reader import shared_parses
 
 log = logging.getLogger(__name__)
 
@@ -326,8 +327,9 @@ def convert_tokenizer(gguf: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with shared_parses():  # transformers parses the file for each of the two
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
 
@@ -343,10 +345,11 @@ def load_gguf(gguf: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 config=gguf_config(gguf),
-                                                 dtype=torch.float32)
+    with shared_parses():  # one parse for the tokenizer, the config and the weights
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     config=gguf_config(gguf),
+                                                     dtype=torch.float32)
     return tokenizer, model
 
 
