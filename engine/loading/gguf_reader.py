@@ -62,7 +62,8 @@ def shared_parses() -> Iterator[None]:
     with _lock:
         if _depth == 0:
             _original = gguf.GGUFReader
-            setattr(gguf, "GGUFReader", _shared_reader)  # the module attribute transformers looks up
+            # the module attribute transformers looks up at each load
+            gguf.GGUFReader = _shared_reader  # type: ignore[misc, assignment]
         _depth += 1
     try:
         yield
@@ -70,6 +71,6 @@ def shared_parses() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0:
-                setattr(gguf, "GGUFReader", _original)
+                gguf.GGUFReader = _original  # type: ignore[misc]
                 _readers.clear()
 
