@@ -21,6 +21,25 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SLOW = bool(os.environ.get("GENSERVE_SLOW"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_parse_per_gguf():
+    """Each GGUF file version is parsed once in the session, as inside one conversion
+    (engine/loading/gguf_reader.py): gguf-py takes ~2.4 s over the default model's 49k
+    vocabulary, and tests load the same files' tokenizers, configs and weights often."""
+    try:
+        from engine.loading.gguf_reader import shared_parses
+
+        block = shared_parses()
+        block.__enter__()
+    except ImportError:  # no gguf package (a lent GPU machine): nothing to share
+        yield
+        return
+    try:
+        yield
+    finally:
+        block.__exit__(None, None, None)
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """The default model's tokenizer, converted from GGUF once per session.

@@ -4,6 +4,7 @@ own loads included), and nothing is kept after it (engine/loading/gguf_reader.py
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from pathlib import Path
 
 import gguf
@@ -21,15 +22,19 @@ from tests.engine.runners.gguf_builder import write_gguf
 @pytest.fixture
 def parses(monkeypatch) -> list[str]:
     """Every real parse (a construction of gguf-py's reader class), by path."""
-    assert gguf_reader._depth == 0, "a shared_parses block is already open"
     seen: list[str] = []
-    real = gguf.GGUFReader
+    real = gguf_reader._original if gguf_reader._depth else gguf.GGUFReader
 
     class Counting(real):  # type: ignore[misc, valid-type]
         def __init__(self, path, mode="r"):
             seen.append(str(path))
             super().__init__(path, mode)
 
+    # as in a process with no block open (the test session keeps one: tests/conftest.py);
+    # monkeypatch puts the session's block back afterwards
+    monkeypatch.setattr(gguf_reader, "_depth", 0)
+    monkeypatch.setattr(gguf_reader, "_original", None)
+    monkeypatch.setattr(gguf_reader, "_readers", OrderedDict())
     monkeypatch.setattr(gguf, "GGUFReader", Counting)
     return seen
 
