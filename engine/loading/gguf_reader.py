@@ -94,4 +94,3 @@ def shared_parses() -> Iterator[None]:
                 gguf.get_tensor_name_map = _original_name_map
                 _readers.clear()
                 _name_maps.clear()
-
