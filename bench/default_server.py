@@ -9,7 +9,9 @@
 - time to first token of a 1,024-, a 3,000- and a 384-token prompt vs HF (a new prompt
   each round: no prefix cache hit);
 - the first minute after SERVING vs steady state, at batch 1, each as its ratio to
-  ``Llama.generate`` in the same rounds (so the machine's drift cancels).
+  ``Llama.generate`` in the same rounds (so the machine's drift cancels);
+- the time to SERVING on an empty weights cache (a fresh pod's first start: the .gguf
+  requantised and converted), beside the measured server's start on the filled cache.
 
 Ratios are ``paired_ratio``s (median over rounds of the two runs of one round).
 ``python -m bench.default_server [--quick]``; ``make bench`` runs it.
@@ -20,9 +22,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import signal
 import statistics
 import subprocess
+import tempfile
 import time
 
 import grpc
@@ -42,6 +46,7 @@ from bench.measure import (
 from bench.server import free_port, grpc_clients, start_server_process, wait_quiet
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.loading.weights_cache import CACHE_DIR_ENV
 from engine.runners.select import llama_cpp_available
 from engine.runners.torch import stock_transformers
 from genserve.v1 import generation_pb2 as pb
@@ -92,16 +97,40 @@ def model_info(address: str) -> pb.GetModelInfoResponse:
                                                              timeout=60)
 
 
+def cold_start_s(model: str, requantize: str) -> float:
+    """Seconds from process start to SERVING with an empty weights cache (then stopped)."""
+    port = free_port()
+    saved = os.environ.get(CACHE_DIR_ENV)
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ[CACHE_DIR_ENV] = cache
+        try:
+            server = start_server_process(model, port, RESULTS / "server-default-cold.log",
+                                          runner="auto", quiet=False,
+                                          extra=("--requantize", requantize))
+        finally:
+            if saved is None:
+                del os.environ[CACHE_DIR_ENV]
+            else:
+                os.environ[CACHE_DIR_ENV] = saved
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+    return server.serving_s
+
+
 def measure(model: str = "default", new: int = 64, quick: bool = False,
             requantize: str = "auto") -> dict:
     n_seq = 2 if quick else 4
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    cold_s = cold_start_s(model, requantize)
     torch_engine = LLMEngine(EngineConfig(model=model, runner="torch",
                                           kv_cache_memory=256 << 20))
     tok = torch_engine.tokenizer
     ids1 = [tok(p)["input_ids"] for p in prompts(n_seq)]
     port = free_port()
     address = f"127.0.0.1:{port}"
-    RESULTS.mkdir(parents=True, exist_ok=True)
     log_path = RESULTS / "server-default.log"
     server = start_server_process(model, port, log_path, runner="auto", quiet=False,
                                   extra=("--metrics-port", "0", "--requantize", requantize))
@@ -194,12 +223,13 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                 for n, v in ttft.items()}
     return {"runner": info.runner, "quantization": info.quantization, "new_tokens": new,
             "first_minute_rounds": len(first["grpc"]), "rows": rows, "ttft": ttft_res,
-            "serving_s": server.serving_s}
+            "serving_s": server.serving_s, "cold_serving_s": cold_s}
 
 
 def report(res: dict) -> None:
     print(f"\ndefault server ({res['runner']}, {res['quantization']}; "
-          f"SERVING after {res['serving_s']:.1f} s)")
+          f"SERVING after {res['serving_s']:.1f} s; on an empty weights cache "
+          f"{res['cold_serving_s']:.1f} s)")
     print_table([Row(**r) for r in res["rows"].values()])
     for n, t in res["ttft"].items():
         print(f"  TTFT, {n}-token prompt: gRPC {t['grpc_s']:.2f} s, HF {t['hf_s']:.2f} s "
