@@ -106,7 +106,8 @@ def cold_start_s(model: str, requantize: str) -> float:
         try:
             server = start_server_process(model, port, RESULTS / "server-default-cold.log",
                                           runner="auto", quiet=False,
-                                          extra=("--requantize", requantize))
+                                          extra=("--metrics-port", "0", "--requantize",
+                                                 requantize))
         finally:
             if saved is None:
                 del os.environ[CACHE_DIR_ENV]
