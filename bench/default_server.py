@@ -23,11 +23,10 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import statistics
-import subprocess
 import tempfile
 import time
+from unittest import mock
 
 import grpc
 
@@ -99,25 +98,13 @@ def model_info(address: str) -> pb.GetModelInfoResponse:
 
 def cold_start_s(model: str, requantize: str) -> float:
     """Seconds from process start to SERVING with an empty weights cache (then stopped)."""
-    port = free_port()
-    saved = os.environ.get(CACHE_DIR_ENV)
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ[CACHE_DIR_ENV] = cache
-        try:
-            server = start_server_process(model, port, RESULTS / "server-default-cold.log",
-                                          runner="auto", quiet=False,
-                                          extra=("--metrics-port", "0", "--requantize",
-                                                 requantize))
-        finally:
-            if saved is None:
-                del os.environ[CACHE_DIR_ENV]
-            else:
-                os.environ[CACHE_DIR_ENV] = saved
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
+    with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ,
+                                                                {CACHE_DIR_ENV: cache}):
+        server = start_server_process(model, free_port(),
+                                      RESULTS / "server-default-cold.log", runner="auto",
+                                      quiet=False, extra=("--metrics-port", "0",
+                                                          "--requantize", requantize))
+        server.stop()
     return server.serving_s
 
 
@@ -189,11 +176,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                                      else hf_ttft(torch_engine, ids))
             ttft[n] = got
     finally:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
+        server.stop()
         if llm is not None:
             llm.close()
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -182,11 +180,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             "grpc": lambda: grpc_clients(address, 32, 1, new),
             "unary": lambda: grpc_unary_clients(address, 32, new)})
     finally:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
+        server.stop()
         llm.close()
         batched.close()
     b1 = {name: median_run(rs) for name, rs in runs1.items()}

@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import signal
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -231,11 +229,7 @@ def servers(model: str, runner: str, threads: int) -> Iterator[dict[str, str]]:
         yield {name: address for name, (_, address) in procs.items()}
     finally:
         for server, _ in procs.values():
-            server.proc.send_signal(signal.SIGTERM)
-            try:
-                server.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                server.proc.kill()
+            server.stop()
 
 
 def paired(rounds: int, measure: Callable[[str, int], float],

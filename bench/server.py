@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -107,6 +108,14 @@ class ServerProcess:
     log: Path
     serving_s: float  # process start -> health SERVING
     compiled_s: float | None = None  # process start -> background compile done
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM (the server drains), killed if it has not exited in ``timeout``."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def start_server_process(model: str, port: int, log_path: Path, runner: str = "torch",
