@@ -68,12 +68,17 @@ def prompt_ids(tokenizer):
     return [tokenizer(p)["input_ids"] for p in PROMPTS]
 
 
-@pytest.fixture(scope="module")
-def hf_greedy(tiny_model_dir, prompt_ids):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+def hf_greedy_tokens(model_dir, prompts: list[list[int]]) -> list[list[int]]:
+    """HF ``generate``'s NEW greedy tokens for each prompt (float32, on the CPU)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
         return [model.generate(torch.tensor([ids]), max_new_tokens=NEW, min_new_tokens=NEW,
-                               do_sample=False)[0, len(ids):].tolist() for ids in prompt_ids]
+                               do_sample=False)[0, len(ids):].tolist() for ids in prompts]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(tiny_model_dir, prompt_ids):
+    return hf_greedy_tokens(tiny_model_dir, prompt_ids)
 
 
 def tokens(res, n: int) -> list[list[int]]:
@@ -148,10 +153,7 @@ def test_bf16_captured_steps_agree_with_eager(tiny_model_dir, prompt_ids):
 
 def test_a_long_context_runs_in_a_wider_graph_with_the_same_tokens(tiny_model_dir, tokenizer):
     long_ids = tokenizer("one two three four " * 100)["input_ids"][:300]
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        ref = model.generate(torch.tensor([long_ids]), max_new_tokens=NEW,
-                             min_new_tokens=NEW, do_sample=False)[0, 300:].tolist()
+    ref = hf_greedy_tokens(tiny_model_dir, [long_ids])[0]
     engine = cuda_engine(tiny_model_dir)
     calls = replayed(engine)
     res = run_to_completion(engine, {0: [("r0", long_ids, greedy())]})
@@ -169,10 +171,7 @@ def test_prefix_cache_hits_share_blocks_inside_the_graphs_with_hf_greedy_tokens(
     prompts = [tokenizer(system + q)["input_ids"] for q in
                ("What is the capital of France?", "Name three prime numbers.",
                 "How far is the Moon?")]
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        ref = [model.generate(torch.tensor([ids]), max_new_tokens=NEW, min_new_tokens=NEW,
-                              do_sample=False)[0, len(ids):].tolist() for ids in prompts]
+    ref = hf_greedy_tokens(tiny_model_dir, prompts)
     # the first prompt alone, the others once its blocks are cached: all three then decode
     arrivals = {0: [("r0", prompts[0], greedy())],
                 3: [(f"r{i}", ids, greedy()) for i, ids in enumerate(prompts) if i]}
