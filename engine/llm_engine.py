@@ -209,8 +209,8 @@ class LLMEngine:
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
         if isinstance(exc, RequestSpecError):  # the request's fault: no traceback
-            log.warning("request %s seq %d: %s: %s", seq.request.request_id, seq.index,
-                        exc.field, exc)
+            log.warning("request %s seq %d: %s%s", seq.request.request_id, seq.index,
+                        f"{exc.field}: " if exc.field else "", exc)
             seq.delta().invalid_field = exc.field
             self._finish(seq, FinishReason.ERROR, str(exc))
             return
@@ -246,6 +246,8 @@ class LLMEngine:
                 layout.record_prompt_logprobs(logits[len(layout.views):])
                 logits = logits[:len(layout.views)]
             failed = self.processor_runner.apply(prepared, logits) if prepared else {}
+            empty = (self.processor_runner.empty_rows(prepared, logits, failed)
+                     if prepared else {})
             for entry in layout.entries:
                 entry.seq.num_computed_tokens += entry.num_tokens
                 if any(r in failed for r in entry.rows) and not entry.seq.is_finished:
@@ -254,9 +256,17 @@ class LLMEngine:
             emitted = self._verify(live, layout.views, logits)
             logprobs = layout.logprobs(live, emitted, logits)
             for entry, tokens, lps in zip(live, emitted, logprobs, strict=True):
-                # accepted proposals are in the cache already: never computed again
-                entry.seq.num_computed_tokens += len(tokens) - 1
-                self._emit(entry.seq, tokens, lps)
+                # a token drawn from an empty row (nothing allowed) ends the sequence there
+                cut = next((k for k, r in enumerate(entry.rows[:len(tokens)]) if r in empty),
+                           None)
+                if cut is not None:
+                    tokens, lps = tokens[:cut], lps[:cut] if lps else lps
+                if tokens:
+                    # accepted proposals are in the cache already: never computed again
+                    entry.seq.num_computed_tokens += len(tokens) - 1
+                    self._emit(entry.seq, tokens, lps)
+                if cut is not None and not entry.seq.is_finished:
+                    self._fail(entry.seq, empty[entry.rows[cut]])
             for entry in layout.entries:
                 if not entry.seq.is_finished:
                     self.scheduler.cache_blocks(entry.seq)

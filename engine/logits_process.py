@@ -26,6 +26,10 @@ Two optional capabilities, found once per sequence (``bind``), never on the hot 
 A processor that raises ends only its own sequence with ERROR. ``RequestSpecError`` says
 the request is at fault (what it asked for cannot be enforced, e.g. a grammar backend met
 one of its limits mid-output): callers answer it as bad input, never as a server failure.
+So does a row the processors leave with no token allowed (a grammar whose only
+continuations another processor bans): its sequence ends there with ERROR, the tokens
+before it kept; a processor that writes NaN into its row fails its sequence as if it had
+raised. Neither reaches the sampler, so no batch mate is touched.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ class RequestSpecError(ValueError):
     request's spec is at fault, not the server: callers answer INVALID_ARGUMENT (a stream
     that already sent tokens ends with an ERROR finish carrying the message). ``field``
     names the part of the request at fault relative to its structured-output options
-    ("grammar", "json_schema", ...), so each API can name it its own way."""
+    ("grammar", "json_schema", ...), so each API can name it its own way; "" the request
+    as a whole (the message says why)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)

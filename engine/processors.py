@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engine.logits_process import BatchedProcessorFactory
+from engine.logits_process import BatchedProcessorFactory, RequestSpecError
 from engine.step_layout import RowView
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,33 @@ class ProcessorRunner:
                 if i not in failed and i not in batched_rows and j < len(row.seq.processors):
                     self._apply_one(row, j, i, logits, failed)
         return failed
+
+    @staticmethod
+    def empty_rows(step: PreparedStep, logits: torch.Tensor,
+                   failed: dict[int, BaseException]) -> dict[int, Exception]:
+        """Rows whose processors left no token to choose (every logit -inf: e.g. a grammar
+        whose only continuations another processor bans) or put NaN in them, each with the
+        error its sequence ends with. Sampling such a row has no answer (a NaN
+        distribution), so those rows are zeroed: the engine discards what is drawn there.
+        One device sync for the step's processed rows."""
+        rows = [i for i, r in enumerate(step.rows) if r.seq.processors and i not in failed]
+        if not rows:
+            return {}
+        sub = logits[torch.tensor(rows, device=logits.device)]
+        flags = torch.stack([torch.isfinite(sub).any(-1), torch.isnan(sub).any(-1)],
+                            1).tolist()
+        empty: dict[int, Exception] = {}
+        for i, (some_finite, nan) in zip(rows, flags, strict=True):
+            if nan:
+                empty[i] = RuntimeError("a logits processor produced NaN logits")
+            elif not some_finite:
+                empty[i] = RequestSpecError("", (
+                    f"no token can follow output token {len(step.rows[i].output_token_ids)}: "
+                    "the request's structured output and logits processors together allow "
+                    "none"))
+        if empty:
+            logits[torch.tensor(list(empty), device=logits.device)] = 0.0
+        return empty
 
     @staticmethod
     def _apply_one(row: RowView, j: int, i: int, logits: torch.Tensor,

@@ -224,7 +224,7 @@ def _top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 def _last_kept(top: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """The last probability, in descending ``top``, with less than p of mass before it."""
     kept = ((top.cumsum(-1) - top) < top_p[:, None]).sum(-1)  # >= 1: none before the first
-    return top.gather(1, kept[:, None] - 1)
+    return top.gather(1, kept.clamp(min=1)[:, None] - 1)  # (0 only for a row of NaNs)
 
 
 def _min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:

@@ -100,8 +100,10 @@ def spec_failure(parsed: ParsedRequest, c: CompletionDelta) -> RequestFailed | N
     terms; None for any other ending."""
     if c.finish_reason is not FinishReason.ERROR or c.invalid_field is None:
         return None
+    field = c.invalid_field  # "": the request as a whole (its message says why)
     return RequestFailed(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"{parsed.structured_prefix}{c.invalid_field}: {c.error}")
+                         f"{parsed.structured_prefix}{field}: {c.error}" if field
+                         else c.error or "the request cannot be served")
 
 
 @dataclass

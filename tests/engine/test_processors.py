@@ -8,6 +8,8 @@ import threading
 import pytest
 import torch
 
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
 from engine.logits_process import RequestSpecError
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
@@ -369,3 +371,76 @@ def test_an_output_failing_its_factorys_check_finishes_with_error_its_text_kept(
     assert good.checked == [text]
     (cut,) = results["cut"]  # only an output the grammar ended (EOS) is checked
     assert cut.finish_reason is FinishReason.LENGTH and not cut.rejected
+
+
+def allow_none_after(n: int):
+    """A processor that leaves no token open once ``n`` tokens are out (as a grammar whose
+    only continuations another processor bans does)."""
+
+    def proc(prompt_ids, output_ids, logits):
+        return torch.full_like(logits, -torch.inf) if len(output_ids) >= n else logits
+
+    return proc
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_row_left_with_no_token_ends_its_sequence_as_the_requests_fault(
+        tiny_model_dir, ids, sampled):
+    """It crashed the engine loop (top-p of a NaN row; the server then refused everything)
+    or, greedy, emitted token 0 against every processor. Now: ERROR naming why, the tokens
+    before it kept, a top-p batch mate untouched."""
+    engine = make_engine(tiny_model_dir)
+    kw = dict(temperature=0.7, seed=1) if sampled else {}
+    bad = SamplingParams(max_new_tokens=8, logits_processors=[allow_none_after(2)], **kw)
+    mate = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.9, top_p=0.8,
+                          seed=3)
+    res = run_to_completion(engine, {0: [("bad", ids[0], bad), ("ok", ids[1], mate)]})
+    c = res["bad"][0]
+    assert c.finish_reason is FinishReason.ERROR and len(c.token_ids) == 2
+    assert c.invalid_field == "" and "no token can follow output token 2" in c.error
+    alone = run_to_completion(make_engine(tiny_model_dir), {0: [("ok", ids[1], mate)]})
+    assert res["ok"][0].token_ids == alone["ok"][0].token_ids
+    assert engine.scheduler.allocator.num_used == 0
+
+
+def test_a_processor_writing_nan_fails_only_its_own_sequence(tiny_model_dir, ids):
+    def nan_at_3(prompt_ids, output_ids, logits):
+        if len(output_ids) == 3:
+            logits = logits.clone()
+            logits[5] = torch.nan
+        return logits
+
+    engine = make_engine(tiny_model_dir)
+    bad = SamplingParams(max_new_tokens=8, temperature=1.0, seed=2,
+                         logits_processors=[nan_at_3])
+    mate = SamplingParams(max_new_tokens=8, min_new_tokens=8, temperature=0.9, top_p=0.8,
+                          seed=3)
+    res = run_to_completion(engine, {0: [("bad", ids[0], bad), ("ok", ids[1], mate)]})
+    c = res["bad"][0]
+    assert c.finish_reason is FinishReason.ERROR and len(c.token_ids) == 3
+    assert c.invalid_field is None and "NaN" in c.error
+    assert res["ok"][0].finish_reason is FinishReason.LENGTH
+
+
+def test_an_empty_verify_row_cuts_the_accepted_proposals_there(tiny_model_dir, ids):
+    """With n-gram proposals: the output is forced to repeat one token (so proposals come
+    and are accepted) until 4 tokens are out, after which nothing is allowed. The tokens
+    verified before the empty row are kept, none drawn from it or after it."""
+    from specdecode.config import SpeculativeConfig
+    from specdecode.worker import speculator_for
+
+    def repeat_then_nothing(prompt_ids, output_ids, logits):
+        out = torch.full_like(logits, -torch.inf)
+        if len(output_ids) < 4:
+            out[1000] = 0.0
+        return out
+
+    spec = speculator_for(SpeculativeConfig(method="ngram", num_spec_tokens=3))
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir)), speculator=spec)
+    bad = SamplingParams(max_new_tokens=12, logits_processors=[repeat_then_nothing])
+    res = run_to_completion(engine, {0: [("bad", ids[0] + [1000] * 6, bad)]})
+    c = res["bad"][0]
+    assert c.finish_reason is FinishReason.ERROR, c
+    assert c.token_ids == [1000] * 4 and "no token can follow output token 4" in c.error
+    assert engine.stats().spec.accepted > 0
+    assert engine.scheduler.allocator.num_used == 0

@@ -188,3 +188,25 @@ def test_an_output_failing_its_schema_check_is_reported_with_its_text(server, st
         assert last.error.startswith("structured_output: forced failure")
     finally:
         factory.check_output = None
+
+
+def test_a_grammar_and_a_processor_that_leave_no_token_are_invalid_argument(server, stub):
+    """``1{4}`` needs token "1" four times and ``no_repeat_window`` bans it after the first:
+    the second position has no token left. It used to draw a token nothing allowed from
+    that row (the error then blamed the grammar for it), or, sampled in one step with a
+    top-p mate, crash the engine loop (the server then answered UNAVAILABLE to everyone)."""
+    doomed = req(pb.StructuredOutput(regex="1{4}", backend=XG))
+    doomed.processors.append(pb.ProcessorRef(name="no_repeat_window", args_json='{"window": 2}'))
+    doomed.sampling.CopyFrom(pb.SamplingParameters(temperature=0.7, seed=1))
+    mate = req(pb.StructuredOutput(regex="[a-z]{3,8}"), prompt="Name:", max_new=10)
+    mate.sampling.CopyFrom(pb.SamplingParameters(temperature=0.9, top_p=0.8, seed=4))
+    batch = stub.GenerateBatch(pb.GenerateBatchRequest(requests=[doomed, mate]))
+    bad, good = batch.results
+    assert bad.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "no token can follow output token 1" in bad.error.message
+    assert good.response.completions[0].text == stub.Generate(mate).completions[0].text
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.GenerateStream(pb.GenerateStreamRequest(request=doomed)))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert re.fullmatch("[a-z]{3,8}", stub.Generate(mate).completions[0].text)
+    assert server.stats.kv_blocks_used == 0
