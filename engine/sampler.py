@@ -25,6 +25,7 @@ from engine.counter_rng import SAMPLE, uniforms
 from engine.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
+_FLOAT_MAX = torch.finfo(torch.float32).max
 # Tokens top-p sorts on the CPU before it falls back to sorting the whole vocabulary.
 _TOP_P_CANDIDATES = 1024
 
@@ -257,6 +258,10 @@ def _warp(logits: torch.Tensor, meta: SamplingMetadata,
 
     temperature = pick(meta.temperature)
     logits = logits / torch.where(temperature > 0, temperature, 1.0)[:, None]
+    if meta.any_repetition_penalty:
+        # a tiny penalty (any > 0 is valid, as in HF) can overflow a seen token's logit to
+        # +inf, whose softmax is NaN: the largest float keeps it the one certain choice
+        logits = logits.clamp(max=_FLOAT_MAX)
     if meta.no_top_filters:
         return logits
     if meta.max_top_k:

@@ -1,13 +1,12 @@
 """Two example processor plugins, always registered.
 
 ``banned_phrases`` (stateless, shared): the listed words/phrases never appear in the
-output as tokenized (with and without a leading space). ``no_repeat_window`` (stateful,
-one per sequence, pooled): no token may repeat within the last ``window`` output tokens.
+output as tokenized (with and without a leading space). ``no_repeat_window`` (stateless,
+shared): no token may repeat within the last ``window`` output tokens.
 """
 
 from __future__ import annotations
 
-from collections import Counter, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,59 +63,31 @@ class BannedPhrases:
 
 
 class NoRepeatWindowProcessor:
-    """Keeps a running count of the last ``window`` output tokens (O(new tokens) a step)."""
+    """Bans the last ``window`` output tokens, read afresh from each row's output: the
+    rows of a speculative verify pass it outputs that end in proposals, and the next step's
+    output may have dropped them (a running count of what it was shown kept rejected
+    proposals and missed their replacements). At most 1,024 ids a row."""
 
-    def __init__(self) -> None:
-        self.window = 0
-        self.seen = 0
-        self.recent: deque[int] = deque()
-        self.counts: Counter[int] = Counter()
-
-    def reset(self, window: int) -> None:
-        self.window, self.seen = window, 0
-        self.recent.clear()
-        self.counts.clear()
+    def __init__(self, window: int) -> None:
+        self.window = window
 
     def __call__(self, prompt_ids: Sequence[int], output_ids: Sequence[int],
                  logits: torch.Tensor) -> torch.Tensor:
-        for tok in output_ids[self.seen:]:
-            self.recent.append(tok)
-            self.counts[tok] += 1
-            if len(self.recent) > self.window:
-                old = self.recent.popleft()
-                self.counts[old] -= 1
-                if not self.counts[old]:
-                    del self.counts[old]
-        self.seen = len(output_ids)
-        if self.counts:
-            logits = logits.clone()
-            logits[list(self.counts)] = -torch.inf
+        recent = set(output_ids[-self.window:])
+        if not recent:
+            return logits
+        logits = logits.clone()
+        logits[list(recent)] = -torch.inf
         return logits
-
-
-class NoRepeatWindowFactory:
-    """One processor per sequence, recycled through a pool when the sequence ends."""
-
-    def __init__(self, window: int, pool: list[NoRepeatWindowProcessor]) -> None:
-        self.window = window
-        self.pool = pool
-
-    def create(self) -> NoRepeatWindowProcessor:
-        proc = self.pool.pop() if self.pool else NoRepeatWindowProcessor()
-        proc.reset(self.window)
-        return proc
-
-    def release(self, proc: NoRepeatWindowProcessor) -> None:
-        self.pool.append(proc)
 
 
 class NoRepeatWindow:
     name = "no_repeat_window"
 
     def __init__(self, context) -> None:
-        self.pool: list[NoRepeatWindowProcessor] = []
+        pass
 
-    def build(self, args: dict[str, Any]) -> NoRepeatWindowFactory:
+    def build(self, args: dict[str, Any]) -> NoRepeatWindowProcessor:
         window = args.get("window")
         extra = set(args) - {"window"}
         if extra:
@@ -124,4 +95,4 @@ class NoRepeatWindow:
         if not isinstance(window, int) or isinstance(window, bool) or not \
                 1 <= window <= MAX_WINDOW:
             raise ValueError(f"'window' must be an integer in [1, {MAX_WINDOW}]")
-        return NoRepeatWindowFactory(window, self.pool)
+        return NoRepeatWindowProcessor(window)

@@ -35,6 +35,7 @@ from service.validation import (
     ParsedRequest,
     ServiceLimits,
     check_input_chars,
+    check_request_id,
     parse_request,
 )
 from structured.manager import StructuredOutputs
@@ -283,12 +284,20 @@ class GenerationServicer(pb_grpc.GenerationServiceServicer):
         call is CANCELLED, or DEADLINE_EXCEEDED when the client's deadline passed.
         ``generation`` calls count as in flight (the drain waits for them).
         """
-        call = Call(rpc, correlation_id=correlation_id(context))
+        given = correlation_id(context)
+        try:  # it names the request in logs and answers, so it is held to request_id's rules
+            check_request_id(given, "x-correlation-id metadata")
+            bad_id = None
+        except InvalidArgument as e:
+            given, bad_id = "", e
+        call = Call(rpc, correlation_id=given)
         if self.tracer is not None and generation:
             call.trace = self.tracer.carrier(context.invocation_metadata())
         token = request_id_var.set(call.correlation_id or None)
         counted = False
         try:
+            if bad_id is not None:
+                raise bad_id
             self._check_open()
             if generation:
                 self.state.in_flight += 1

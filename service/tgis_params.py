@@ -8,6 +8,7 @@ error messages; they are kept here where they are clear. Every failure is an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ MAX_TOP_N_TOKENS = 10
 MAX_STOP_SEQS = 6
 MAX_STOP_SEQ_LENGTH = 240
 MIN_TEMPERATURE = 0.05
+MAX_LOG_GROWTH = 80.0  # the length penalty's EOS growth stops at e**80 (finite, decisive)
 TGIS_STRUCTURED_PREFIX = ""  # TGIS names its fields bare: "choice.choices", "json_schema"
 
 
@@ -65,7 +67,12 @@ class LengthPenalty:
             return logits
         logits = logits.clone()
         eos = logits[self.eos]
-        logits[self.eos] = eos + eos.abs() * (self.decay_factor ** past - 1)
+        # decay_factor ** past overflows a float past ~646 tokens at 3.0 (TGIS allows up to
+        # 10.0 and outputs of thousands): e**80 already makes EOS certain, and stays finite
+        growth = (self.decay_factor ** past
+                  if past * math.log(self.decay_factor) < MAX_LOG_GROWTH
+                  else math.exp(MAX_LOG_GROWTH))
+        logits[self.eos] = eos + eos.abs() * (growth - 1)
         return logits
 
 

@@ -597,3 +597,17 @@ def test_cuda_batch_matches_seeded_reproducibility_and_returns_cpu_tensors():
     assert run([1, 0])[0] == logits[1].argmax().item()
     cpu = meta_for(params[:1], keys=[stream_key(11)], outputs=[[1]])
     assert Sampler()(logits[:1].cpu(), cpu).token_ids[0] == run([0])[0]  # the same on the CPU
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_a_repetition_penalty_that_overflows_a_logit_samples_that_token(top_p):
+    """repetition_penalty=1e-38 (valid: > 0) divides a seen positive logit past float32's
+    range: +inf, a NaN distribution, and top-p's threshold then indexed -1 and crashed the
+    engine loop. The overflowed token is the certain choice, greedy and sampled alike."""
+    logits = torch.tensor([[5.0, 1.0, 4.0, 0.5], [5.0, 1.0, 4.0, 0.5]])
+    params = [SamplingParams(temperature=1.0, top_p=top_p, repetition_penalty=1e-38, seed=1),
+              SamplingParams(repetition_penalty=1e-38)]
+    meta = meta_for(params, prompts=[[2], [2]])
+    assert Sampler()(logits, meta).token_ids.tolist() == [2, 2]
+    probs = compute_probs(logits, meta)
+    assert torch.equal(probs, torch.tensor([[0.0, 0.0, 1.0, 0.0]] * 2))

@@ -124,6 +124,17 @@ def test_correlation_id_is_the_request_id_when_none_is_given(stub):
     assert stub.Generate(req(request_id="mine"), metadata=meta).request_id == "mine"
 
 
+def test_an_over_long_correlation_id_is_invalid_argument_like_request_id(stub):
+    """It names the request in the answer and every log line: held to request_id's 256
+    characters (it was echoed and logged whatever its length)."""
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Generate(req(), metadata=[("x-correlation-id", "c" * 300)])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "x-correlation-id metadata is longer than 256" in e.value.details()
+    assert stub.Generate(req(), metadata=[("x-correlation-id", "c" * 256)]).request_id == \
+        "c" * 256
+
+
 def test_chat_input_uses_the_chat_template(stub, tokenizer):
     chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="Hi!")],
                            add_generation_prompt=True)

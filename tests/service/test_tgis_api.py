@@ -209,6 +209,17 @@ def test_length_penalty_boosts_eos_exponentially_after_start_index():
     assert proc([], [5, 6, 7, 8], logits).tolist() == [-3.0 + 3.0 * (4 - 1), 1.0]
 
 
+def test_length_penalty_saturates_instead_of_overflowing():
+    """decay 10 (TGIS's maximum) past 308 tokens overflowed Python's float: the processor
+    raised OverflowError and the request ended with ERROR mid-output. Now EOS's growth
+    stops at e**80: finite and decisive."""
+    proc = LengthPenalty(start_index=0, decay_factor=10.0, eos_token_ids=[0])
+    out = proc([], [5] * 400, torch.tensor([-3.0, 20.0, 0.0]))
+    assert torch.isfinite(out).all() and out.argmax() == 0 and out[0] > 1e30
+    zero = proc([], [5] * 400, torch.tensor([0.0, 1.0]))  # |0| * growth: no boost, as TGIS
+    assert zero.tolist() == [0.0, 1.0]
+
+
 def test_sampling_echoes_a_seed_that_replays_the_call(fm):
     p = params(8, method=tgis.SAMPLE, sampling=tgis.SamplingParameters(temperature=1.5))
     (first,) = generate(fm, [PROMPT], p)

@@ -455,3 +455,34 @@ def test_seeded_output_is_the_same_after_preemption_with_speculation(
     got = seeded_run(engine, ids, {1: crowd(ids, 4, 1)})
     assert engine.scheduler.num_preemptions > 0
     assert got == seeded_alone
+
+
+def test_no_repeat_window_gives_the_same_output_with_speculation(deep_model_dir, ids):
+    """The built-in ``no_repeat_window`` kept a running count of the outputs it was shown;
+    verify rows end in proposals, so rejected ones stayed counted and their replacements
+    never were: the output changed with speculation. Here the output is steered along the
+    prompt's cycle ``a b a c d`` (so n-gram proposes it) and the window of 3 bans the
+    second ``a`` each time (so proposals are rejected)."""
+    from service.builtin_processors import NoRepeatWindowProcessor
+
+    a, b, c, d = ids[0][:4]
+    cycle = [a, b, a, c, d]
+
+    def steer(prompt_ids, output_ids, logits):
+        logits = logits.clone()
+        logits[cycle[len(output_ids) % len(cycle)]] += 100.0
+        return logits
+
+    params = SamplingParams(max_new_tokens=24, min_new_tokens=24,
+                            logits_processors=[steer, NoRepeatWindowProcessor(3)])
+    got = {}
+    for method in (None, "ngram"):
+        engine = engine_for(deep_model_dir, method)
+        got[method] = run_to_completion(engine, {0: [("r", ids[1] + cycle * 6, params)]}
+                                        )["r"][0].token_ids
+        if method:
+            stats = engine.stats().spec
+            assert stats.accepted > 0 and stats.proposed > stats.accepted
+    assert got["ngram"] == got[None]
+    out = got[None]
+    assert all(t not in out[max(0, i - 3):i] for i, t in enumerate(out))
