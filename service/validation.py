@@ -305,6 +305,13 @@ def parse_request(req: pb.GenerateRequest, tokenizer, info: ModelInfo,
                 f"({max_new}) exceeds max_model_len ({info.max_model_len})")
     else:
         max_new = min(limits.default_max_new_tokens, limits.max_new_tokens, room)
+        if st.min_new_tokens > max_new:  # name where the unset maximum came from
+            raise InvalidArgument(
+                f"stopping.min_new_tokens ({st.min_new_tokens}) is more than the "
+                f"{max_new} tokens max_new_tokens defaults to here (unset: the least of "
+                f"--default-max-new-tokens {limits.default_max_new_tokens}, --max-new-tokens "
+                f"{limits.max_new_tokens} and the context's room after a {len(ids)}-token "
+                f"prompt, {room})")
 
     try:
         params = SamplingParams(

@@ -35,6 +35,16 @@ def test_the_default_length_is_clipped_to_the_room_left(tokenizer, info):
     assert p.params.max_new_tokens == 8
 
 
+def test_min_new_tokens_past_a_defaulted_maximum_says_where_the_maximum_came_from(
+        tokenizer, info):
+    """It said "min_new_tokens (10) must be <= max_new_tokens (8)" of a field never sent."""
+    with pytest.raises(InvalidArgument) as e:
+        parse(tokenizer, info, prompt_token_ids=pb.TokenIds(ids=[1] * 120),
+              stopping=pb.StoppingCriteria(min_new_tokens=10))
+    assert "min_new_tokens (10) is more than the 8 tokens max_new_tokens defaults to" in \
+        str(e.value) and "a 120-token prompt, 8" in str(e.value)
+
+
 def test_fields_map_onto_sampling_params(tokenizer, info):
     p = parse(tokenizer, info, prompt="hi",
               sampling=pb.SamplingParameters(temperature=0.5, top_k=7, top_p=0.5, seed=3, n=2,
