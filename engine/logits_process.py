@@ -28,8 +28,8 @@ the request is at fault (what it asked for cannot be enforced, e.g. a grammar ba
 one of its limits mid-output): callers answer it as bad input, never as a server failure.
 So does a row the processors leave with no token allowed (a grammar whose only
 continuations another processor bans): its sequence ends there with ERROR, the tokens
-before it kept; a processor that writes NaN into its row fails its sequence as if it had
-raised. Neither reaches the sampler, so no batch mate is touched.
+before it kept; a processor that writes NaN or +inf into its row fails its sequence as if
+it had raised. Neither reaches the sampler, so no batch mate is touched.
 """
 
 from __future__ import annotations

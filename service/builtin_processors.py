@@ -84,8 +84,8 @@ class NoRepeatWindowProcessor:
 class NoRepeatWindow:
     name = "no_repeat_window"
 
-    def __init__(self, context) -> None:
-        pass
+    def __init__(self, context) -> None:  # needs nothing from the server
+        del context
 
     def build(self, args: dict[str, Any]) -> NoRepeatWindowProcessor:
         window = args.get("window")
