@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable
 
 import torch
@@ -134,6 +135,10 @@ class ModelRunner:
         # LoRA adapter slots (engine/runners/torch/lora.py); a runner sharing another's
         # weights (a self-draft) runs the base model only
         self.lora: LoraLayers | None = None
+        # adapter slot writes vs forwards (run_step); one lock with a self-draft's layers
+        self._forward_lock: threading.Lock = (
+            threading.Lock() if share_weights is None
+            else getattr(share_weights, "_forward_lock", threading.Lock()))
         self.max_loras = 0
         if config.adapter_cache and share_weights is None:
             self.lora = LoraLayers(self.model, config.max_loras, config.max_lora_rank,
@@ -183,9 +188,10 @@ class ModelRunner:
                                "slots (--adapter-cache)")
         adapter = self.lora.check(slot, adapter)  # a GGUF file: read back, sent as tensors
         if self.tp is None:
-            self.lora.write(slot, adapter)
+            with self._forward_lock:
+                self.lora.write(slot, adapter)
             return
-        with self.tp.leading(("adapter", slot, adapter)):
+        with self.tp.leading(("adapter", slot, adapter)), self._forward_lock:
             self.lora.write(slot, adapter)
 
     def follow_adapter(self, slot: int, adapter: LoraAdapter) -> None:
@@ -268,7 +274,14 @@ class ModelRunner:
     @torch.inference_mode()
     def run_step(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> torch.Tensor:
         """This rank's forward of the step (a worker's logits are empty: rank 0 has the
-        head)."""
+        head). Holds ``_forward_lock``: an adapter load (on its request's thread) re-packs
+        the layers it adapts, which must not happen inside a forward or beside another
+        load (a step read half-packed weights: wrong tokens, then a shape error)."""
+        with self._forward_lock:
+            return self._run_step(decodes, prefills)
+
+    def _run_step(self, decodes: list[DecodeRow], prefills: list[PrefillWork]
+                  ) -> torch.Tensor:
         if not prefills:
             if self.decode_graphs is not None:
                 logits = self.decode_graphs.run(decodes)
