@@ -36,6 +36,7 @@ import ctypes
 import heapq
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -131,27 +132,47 @@ def llama_lib():
     return llama_cpp
 
 
-@contextmanager
-def llama_errors(llama_cpp) -> Iterator[list[str]]:
-    """Collect llama.cpp's error log lines while the block runs (why a load failed: e.g.
-    "unknown model architecture: 'x'"), still printed as llama-cpp-python prints them."""
+# llama.cpp keeps one process-wide log callback and calls it from whichever thread logs
+# (the engine thread's llama_decode included). It is installed once and never replaced:
+# swapping in a callback per load and back freed the load's callback while the engine
+# thread could still be calling it (a segfault under adapter churn). Each thread inside
+# ``llama_errors`` collects only its own error lines.
+_error_lines = threading.local()
+_log_callback: Any = None
+
+
+def _install_log_callback(llama_cpp) -> None:
+    global _log_callback
+    if _log_callback is not None:
+        return
     from llama_cpp import _logger
 
-    lines: list[str] = []
-
     @llama_cpp.llama_log_callback
-    def collect(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        if level == GGML_LOG_LEVEL_ERROR:
+    def forward(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        lines = getattr(_error_lines, "lines", None)
+        if lines is not None and level == GGML_LOG_LEVEL_ERROR:
             line = text.decode(errors="replace").strip()
             if line:
                 lines.append(line)
         _logger.llama_log_callback(level, text, user_data)
 
-    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+    _log_callback = forward
+    llama_cpp.llama_log_set(forward, ctypes.c_void_p(0))
+
+
+@contextmanager
+def llama_errors(llama_cpp) -> Iterator[list[str]]:
+    """Collect llama.cpp's error log lines this thread causes while the block runs (why a
+    load failed: e.g. "unknown model architecture: 'x'"), still printed as
+    llama-cpp-python prints them."""
+    _install_log_callback(llama_cpp)
+    lines: list[str] = []
+    outer = getattr(_error_lines, "lines", None)
+    _error_lines.lines = lines
     try:
         yield lines
     finally:
-        llama_cpp.llama_log_set(_logger.llama_log_callback, ctypes.c_void_p(0))
+        _error_lines.lines = outer
 
 
 def gguf_architecture(path: str) -> str | None:

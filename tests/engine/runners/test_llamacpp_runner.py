@@ -370,3 +370,32 @@ def test_short_ttft_while_a_3600_token_prompt_prefills_is_within_two_steps_of_id
     assert t.short_first, "the short request's first token came after the long prompt's"
     # waits out the step it arrives in, then one step with a chunk; x1.5 for the noise
     assert t.busy_ttft <= t.idle_ttft + 1.5 * 2 * t.step + 0.05, t
+
+
+def test_llama_errors_keeps_one_log_callback_and_collects_only_its_threads_lines():
+    """llama.cpp has one process-wide log callback, called from whichever thread logs. Each
+    adapter load used to install its own callback and put the old one back, freeing its
+    own while the engine thread's llama_decode could still call it: the server segfaulted
+    under adapter churn (a soak, 2 of 2 runs). Now one callback stays installed for good,
+    and a block collects the errors of its own thread only."""
+    import threading
+
+    import llama_cpp
+
+    import engine.runners.llamacpp as runner_mod
+    from engine.runners.llamacpp import llama_errors
+
+    def load_missing() -> None:
+        params = llama_cpp.llama_model_default_params()
+        assert not llama_cpp.llama_model_load_from_file(b"/no/such/model.gguf", params)
+
+    with llama_errors(llama_cpp) as mine:
+        other = threading.Thread(target=load_missing)
+        other.start()
+        other.join()
+    assert mine == []  # another thread's errors are not this block's
+    installed = runner_mod._log_callback
+    with llama_errors(llama_cpp) as mine:
+        load_missing()
+    assert any("/no/such/model.gguf" in line for line in mine)
+    assert installed is not None and runner_mod._log_callback is installed
