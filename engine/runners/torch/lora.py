@@ -241,7 +241,7 @@ def _folded_forward(lora: LoraLayers, stack: _Stack, key: int, out_features: int
     width = lora.slots * lora.rank
     full = call_packed(key, out_features + width, x)
     out = full[..., :out_features]
-    mask = (lora.static_mask[:x.shape[-2]] if torch.compiler.is_compiling()
+    mask = (lora.static_mask[:x.shape[-2]] if torch.compiler.is_dynamo_compiling()
             else lora.current.mask)
     if mask is not None:
         xa = full[..., out_features:].reshape(-1, width)
@@ -255,7 +255,11 @@ def _apply(lora: LoraLayers, stack: _Stack, module: nn.Module, args: tuple[Any, 
         return None  # the folded forward added the LoRA term
     x = args[0]  # [1, T, in]: the packed step
     mask: torch.Tensor | None
-    if torch.compiler.is_compiling():  # the compiled decode step: always in the graph
+    # The compiled decode step (dynamo tracing): always in the graph. Not
+    # ``is_compiling()``: a process-wide flag, so eager steps on the engine thread read it
+    # True while the step compiles in the background and ran the static mask (base output
+    # for adapter rows, ~15 s after SERVING: found by a soak).
+    if torch.compiler.is_dynamo_compiling():
         mask = lora.static_mask[:x.shape[-2]]
     else:
         mask = lora.current.mask

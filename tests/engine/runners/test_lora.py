@@ -179,3 +179,16 @@ def test_folded_a_is_repacked_when_a_slot_is_overwritten(tiny_model_dir, lora_ca
         plain = dict(model.named_parameters())
         for name, p in base.named_parameters():
             assert torch.equal(plain[name], p), name
+
+
+def test_eager_adapter_rows_are_right_while_a_compile_runs_on_another_thread(
+        eager, references, monkeypatch):
+    """``torch.compiler.is_compiling()`` is one process-wide flag, set while any thread
+    compiles: the hooks read it, so while the decode step compiled in the background
+    (~15 s after SERVING) eager steps ran the compiled path's static mask and adapter
+    requests got the base model's tokens (found by a soak). Here the flag is set as a
+    background compile sets it."""
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+    assert torch.compiler.is_compiling()
+    assert run(eager, ["a1", "", "a2"]) == [references["a1"], references[""],
+                                              references["a2"]]
