@@ -102,7 +102,8 @@ def _draft_runner(target: Runner, spec: SpeculativeConfig) -> ModelRunner:
                              f"draft model (it runs unsharded on rank 0)")
         shared = SimpleNamespace(device=target.device, dtype=target.dtype,
                                  tokenizer=target.tokenizer, model_id=f"{target.model_id}[:{n}]",
-                                 model=truncated_model(target.model, n))
+                                 model=truncated_model(target.model, n),
+                                 _forward_lock=target._forward_lock)  # its layers' adapter writes
         return ModelRunner(config, shared, num_blocks=num_blocks)  # type: ignore[arg-type]
     runner = ModelRunner(config, num_blocks=num_blocks)
     if runner.vocab_size != target.vocab_size:

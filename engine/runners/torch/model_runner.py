@@ -138,7 +138,7 @@ class ModelRunner:
         # adapter slot writes vs forwards (run_step); one lock with a self-draft's layers
         self._forward_lock: threading.Lock = (
             threading.Lock() if share_weights is None
-            else getattr(share_weights, "_forward_lock", threading.Lock()))
+            else share_weights._forward_lock)
         self.max_loras = 0
         if config.adapter_cache and share_weights is None:
             self.lora = LoraLayers(self.model, config.max_loras, config.max_lora_rank,
