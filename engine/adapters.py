@@ -14,7 +14,8 @@ holds a lease on its adapter until it finishes, so a slot is only reused (least 
 used first) once no request runs on it; a load that fails leaves nothing cached. When
 every slot is leased, a request for another adapter waits in line for a slot (first come
 first served, at most ``wait_s``), as vLLM keeps a request whose LoRA cannot be scheduled
-waiting.
+waiting; its files are read and checked before it waits, so a broken adapter is refused
+at once rather than after the wait.
 
 Anything wrong with an adapter is the caller's problem: ``AdapterError`` (a
 ``RequestError``, INVALID_ARGUMENT on the wire) names the id and the reason.
@@ -312,16 +313,21 @@ class AdapterRegistry:
             raise AdapterError(adapter_id, f"the {self.runner.name} runner cannot serve LoRA "
                                f"adapters")
         deadline = time.monotonic() + self.wait_s
+        read: LoraAdapter | None = None  # its files, read before it waits for a slot
         while True:
             with self._lock:
-                got = self._claim(adapter_id, deadline, cancel)
+                got = self._claim(adapter_id, deadline, cancel, may_wait=read is not None)
+            if got is None:  # no slot now: a broken adapter is refused before any wait
+                read = read_adapter(self.root, adapter_id, self.max_rank,
+                                    self.runner.prefers_gguf_adapters)
+                continue
             if isinstance(got, AdapterLease):
                 lease = got
             elif isinstance(got, Future):
                 got.result()  # the first use's error is every waiter's error
                 continue
             else:
-                lease = self._load(adapter_id, *got)
+                lease = self._load(adapter_id, *got, read)
             if cancel is not None and cancel.is_set():  # cancelled while it loaded
                 lease.release()
                 raise CancelledError(f"adapter {adapter_id!r}: the request was cancelled")
@@ -333,11 +339,12 @@ class AdapterRegistry:
         with self._lock:
             self._lock.notify_all()
 
-    def _claim(self, adapter_id: str, deadline: float, cancel: threading.Event | None
-               ) -> AdapterLease | Future[None] | tuple[int, Future[None]]:
+    def _claim(self, adapter_id: str, deadline: float, cancel: threading.Event | None,
+               may_wait: bool) -> AdapterLease | Future[None] | tuple[int, Future[None]] | None:
         """Under the lock: a lease on the resident adapter, the load in progress to wait
-        for, or a slot to load it into (with the load's future, registered); waits in line
-        (the lock released) while none of these can be had."""
+        for, or a slot to load it into (with the load's future, registered); while none of
+        these can be had, None unless ``may_wait`` (the caller reads the adapter's files
+        first), else waits in line (the lock released)."""
         ticket: object | None = None  # this request's place in line, once it waits
         try:
             while True:
@@ -355,6 +362,8 @@ class AdapterRegistry:
                     mine: Future[None] = Future()
                     self._loading[adapter_id] = mine
                     return slot, mine
+                if not may_wait:
+                    return None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AdapterSlotsFull(
@@ -387,11 +396,13 @@ class AdapterRegistry:
                 return None
             return self._lease(adapter_id, resident)
 
-    def _load(self, adapter_id: str, slot: int, done: Future[None]) -> AdapterLease:
+    def _load(self, adapter_id: str, slot: int, done: Future[None],
+              read: LoraAdapter | None = None) -> AdapterLease:
+        """Load ``adapter_id`` into ``slot`` (its files ``read`` already, or read here)."""
         try:
-            start = time.perf_counter()
-            adapter = read_adapter(self.root, adapter_id, self.max_rank,
-                                   self.runner.prefers_gguf_adapters)
+            start = time.perf_counter() - (read.load_seconds if read is not None else 0.0)
+            adapter = read if read is not None else read_adapter(
+                self.root, adapter_id, self.max_rank, self.runner.prefers_gguf_adapters)
             self.runner.load_adapter(slot, adapter)
             adapter.weights = {}  # the runner holds its own copy; keep no second one
             adapter.load_seconds = time.perf_counter() - start

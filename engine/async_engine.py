@@ -195,6 +195,8 @@ class AsyncEngine:
         if not adapter_id:
             return None
         registry = self._adapters(adapter_id)
+        if self._dead is not None:  # no load or wait for an engine that cannot run it
+            raise EngineDeadError(f"engine stopped: {self._dead}")
         lease = registry.lease_resident(adapter_id)
         if lease is not None:
             return lease
@@ -208,9 +210,11 @@ class AsyncEngine:
         except asyncio.CancelledError:
             registry.stop_waiting(cancel)
             raise
-        except concurrent.futures.CancelledError:  # abort_all: the server is shutting down
-            raise EngineDeadError(f"server is shutting down (the request was waiting for "
-                                  f"adapter {adapter_id!r})") from None
+        except concurrent.futures.CancelledError:  # abort_all, or the engine loop died
+            why = (f"engine stopped: {self._dead}" if self._dead is not None
+                   else "server is shutting down")
+            raise EngineDeadError(f"{why} (the request was waiting for adapter "
+                                  f"{adapter_id!r})") from None
         finally:
             self._adapter_waits.discard(cancel)
             with self._lock:
@@ -331,6 +335,10 @@ class AsyncEngine:
         the slots the aborted ones free."""
         for request_id in list(self._waiters):
             self.abort(request_id)
+        self._stop_adapter_waits()
+
+    def _stop_adapter_waits(self) -> None:
+        """End every wait for an adapter slot (its caller gets EngineDeadError)."""
         if self.engine.adapters is not None:
             for cancel in list(self._adapter_waits):
                 self.engine.adapters.stop_waiting(cancel)
@@ -432,7 +440,10 @@ class AsyncEngine:
             loop.call_soon_threadsafe(self._fail_all, err)
 
     def _fail_all(self, err: EngineDeadError) -> None:
-        """On the event loop, so no caller registers unseen: every waiting caller fails."""
+        """On the event loop, so no caller registers unseen: every waiting caller fails,
+        those still waiting for an adapter slot too (UNAVAILABLE, not the slot wait's
+        RESOURCE_EXHAUSTED minutes later)."""
+        self._stop_adapter_waits()
         self._deliver([(request_id, err) for request_id in list(self._waiters)])
         assert self.died is not None
         self.died.set()

@@ -456,6 +456,88 @@ def test_abort_all_ends_waits_for_a_slot_as_shutting_down_leaving_nothing_held(
     assert reg.waiting == 0 and holders(reg) == [("a1", 0)]
 
 
+FILE_FAULTS = [b for b in BAD if callable(b[0]) and "fit" not in b[1]
+               and "no linear layer" not in b[1]]  # what reading the files finds
+
+
+@pytest.mark.parametrize(("make", "reason"), FILE_FAULTS, ids=[r for _, r in FILE_FAULTS])
+def test_a_broken_adapter_arriving_while_every_slot_is_held_is_refused_at_once(
+        cache, tiny_model_dir, make, reason):
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    held = reg.acquire("a1")
+    start = time.monotonic()
+    with pytest.raises(AdapterError) as e:
+        reg.acquire(make(cache))
+    assert reason in str(e.value)
+    assert time.monotonic() - start < 5  # not after the 30 s wait for a slot
+    assert reg.waiting == 0 and holders(reg) == [("a1", 1)]
+    held.release()
+
+
+def test_an_adapter_read_before_its_wait_is_loaded_from_that_read(cache, tiny_model_dir,
+                                                                 monkeypatch):
+    import engine.adapters as adapters
+
+    reads: list[str] = []
+    read = adapters.read_adapter
+    monkeypatch.setattr(adapters, "read_adapter",
+                        lambda root, aid, *a: reads.append(aid) or read(root, aid, *a))
+    reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)
+    held = reg.acquire("a1")
+    waiter = Acquiring(reg, "a2")
+    assert wait_until(lambda: reg.waiting == 1)
+    held.release()
+    waiter.join(10)
+    assert isinstance(waiter.result, AdapterLease) and waiter.result.adapter_id == "a2"
+    assert reads == ["a1", "a2"]  # a2's files read once, before its wait
+    assert reg.runner.loads == [(1, "a1"), (1, "a2")]  # type: ignore[attr-defined]
+
+
+def test_an_engine_loop_crash_ends_waits_for_a_slot_as_engine_stopped(cache, tiny_model_dir):
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), adapter_cache=str(cache),
+                                    max_loras=1, max_lora_wait_s=60))
+    step = engine.step
+    crash = threading.Event()
+
+    def stepping():
+        if crash.is_set():
+            raise RuntimeError("boom")
+        return step()
+
+    engine.step = stepping  # type: ignore[method-assign]
+
+    async def main() -> None:
+        ae = AsyncEngine(engine)
+        ae.start()
+        running = asyncio.create_task(ae.complete(
+            "held", [5, 6, 7], SamplingParams(max_new_tokens=400, min_new_tokens=400),
+            adapter_id="a1"))
+        reg = engine.adapters
+        assert reg is not None
+        for _ in range(500):
+            if holders(reg) == [("a1", 1)]:
+                break
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(ae.lease_adapter("a2"))
+        await waiters(reg, 1)
+        start = time.monotonic()
+        crash.set()
+        with pytest.raises(EngineDeadError, match="engine stopped.*boom.*'a2'"):
+            await asyncio.wait_for(waiting, 10)
+        assert time.monotonic() - start < 5  # not the 60 s slot wait
+        with pytest.raises(EngineDeadError):
+            await running
+        with pytest.raises(EngineDeadError, match="engine stopped"):  # no new load either
+            await ae.lease_adapter("a2")
+        assert reg.waiting == 0 and reg.runner.max_loras == 1
+        await ae.shutdown()
+
+    asyncio.run(main())
+
+
 def test_requests_waiting_for_a_slot_count_against_the_waiting_queue_bound(cache,
                                                                           tiny_model_dir):
     reg = registry(cache, tiny_model_dir, max_loras=1, wait_s=30)

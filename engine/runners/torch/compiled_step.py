@@ -205,6 +205,7 @@ class DecodeGraphs:
         report = WarmupReport()
         if self.lora is not None:
             self.lora.reserve_static(max(buckets, default=1))
+            self.lora.freeze_folds()
         start = time.perf_counter()
         last = 0.0
         if (reason := self._uncapturable()) is not None:

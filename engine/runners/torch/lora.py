@@ -86,6 +86,8 @@ class LoraLayers:
         # Compiled steps read the mask from here (rows filled before each run): one
         # tensor for the graphs' lifetime, sized by ``reserve_static``.
         self.static_mask = torch.zeros(1, max_loras * max_rank, dtype=dtype, device=device)
+        # Set once compiled steps are built: each layer then stays folded or not (``_fold``)
+        self.folds_frozen = False
         head = model.get_output_embeddings()
         width = max_loras * max_rank
         for name, mod in model.named_modules():
@@ -161,14 +163,15 @@ class LoraLayers:
         its weight: one oneDNN GEMM gives the base output and ``x @ A_cat``, and only the
         ``addmm_`` of B is left (measured 1.13-1.17x on 32 mixed clients, base-only steps
         0.99-1.03x: docs/adapters.md). Re-packed after every write of a slot; a layer no
-        slot adapts gets its plain packed weight back."""
+        slot adapts gets its plain packed weight back. Once compiled steps exist, a layer
+        keeps the fold it has (``freeze_folds``)."""
         mod = stack.module
         key = packed_key(mod)
-        if key is None:
-            return
+        if key is None or (self.folds_frozen and stack.folded is None):
+            return  # not packed, or left unfolded: the hook adds its LoRA term
         out = mod.weight.shape[0]
         w = base_weight(key, out)
-        if not stack.targeted:
+        if not stack.targeted and not self.folds_frozen:
             set_packed(key, w, mod.bias)
             mod.__dict__["forward"] = mod.__dict__["_genserve_forward"]
             mod.__dict__.pop(FOLDED, None)
@@ -181,6 +184,16 @@ class LoraLayers:
             stack.folded = partial(_folded_forward, self, stack, key, out)
         mod.__dict__["forward"] = stack.folded
         mod.__dict__[FOLDED] = True
+
+    def freeze_folds(self) -> None:
+        """Compiled steps are about to be built: from now on a layer stays folded or
+        unfolded as it is, whatever the slots hold. A graph bakes in each layer's forward
+        and its packed weight's width, and runs without re-checking them, so folding a
+        layer afterwards broke its shape check (an adapter loaded after the compile: found
+        by a soak), and a fold during the trace broke the trace. A folded layer no slot
+        adapts any more adds zero columns; an unfolded one gets its LoRA term from the
+        hook, as before folding existed."""
+        self.folds_frozen = True
 
     # ---- steps -----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from engine.llm_engine import LLMEngine
 from engine.runners.select import torch_runner
 from engine.runners.torch import stock_transformers
 from engine.runners.torch.lora import LoraLayers
+from engine.runners.torch.packed_linear import _LAYERS, packed_key
 from engine.sampling_params import SamplingParams
 from specdecode.config import SpeculativeConfig
 from specdecode.worker import speculator_for
@@ -111,10 +112,12 @@ def test_compiled_hooks_read_each_rows_slot_from_the_static_mask(tiny_model_dir,
 
 @pytest.mark.skipif(not SLOW, reason="compiles for ~30 s; the "
                     "compiled hooks are checked above, set GENSERVE_SLOW=1 for the whole step")
+@pytest.mark.parametrize("pack_weights", [False, True], ids=["F.linear", "packed"])
 def test_compiled_decode_step_applies_each_rows_adapter(tiny_model_dir, lora_cache,
-                                                        references):
-    """Plain F.linear (a packed model is never compiled): prefills eager, decodes compiled."""
-    eng = engine(tiny_model_dir, lora_cache, enforce_eager=False, pack_weights=False,
+                                                        references, pack_weights):
+    """Prefills eager, decodes compiled; the adapters load after the compile (packed: they
+    would fold layers the graph has unfolded, ``freeze_folds``)."""
+    eng = engine(tiny_model_dir, lora_cache, enforce_eager=False, pack_weights=pack_weights,
                  decode_buckets=[3])
     report = eng.runner.warmup()
     assert report.ready == ["2-3"], report
@@ -179,6 +182,33 @@ def test_folded_a_is_repacked_when_a_slot_is_overwritten(tiny_model_dir, lora_ca
         plain = dict(model.named_parameters())
         for name, p in base.named_parameters():
             assert torch.equal(plain[name], p), name
+
+
+def test_once_compiled_steps_are_built_an_adapter_write_keeps_each_layers_fold(
+        tiny_model_dir, lora_cache, references):
+    """A compiled graph bakes in each packed layer's forward and packed width, and runs
+    without re-checking them: an adapter loaded after the compile folded new layers, and
+    the graph failed its shape check (found by a soak). After ``freeze_folds`` (a build's
+    first act) no write changes a layer's fold, and each adapter still gives its
+    merged-reference tokens (folded layers it leaves add zero columns, unfolded layers it
+    adapts run the hook)."""
+    eng = engine(tiny_model_dir, lora_cache, max_loras=1)
+    lora = torch_runner(eng.runner).lora
+    assert lora is not None
+    assert run(eng, ["a1"]) == [references["a1"]]  # folds the layers a1 adapts
+
+    def layout() -> dict[str, tuple[object, torch.Size]]:
+        return {name: (s.module.__dict__["forward"], _LAYERS[key][0].to_dense().shape)
+                for name, s in lora.stacks.items()
+                if (key := packed_key(s.module)) is not None}
+
+    lora.freeze_folds()
+    frozen = layout()
+    folded = {n for n, s in lora.stacks.items() if n in frozen and s.folded is not None}
+    assert folded and folded != set(frozen)  # both kinds of layer are exercised
+    for a in ("a2", "a1", "", "a2"):
+        assert run(eng, [a]) == [references[a]], a
+        assert layout() == frozen, a
 
 
 def test_eager_adapter_rows_are_right_while_a_compile_runs_on_another_thread(
