@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     llm = LlamaSeq(gguf_path("default"), max(args.lengths) + args.check_tokens + 16, threads)
     header = llm.header()
     # (label, dtype, attention): the runner's is bf16 with blocked_attention's
-    kinds = [("float32 sdpa", "float32", "sdpa"), ("bfloat16 sdpa", "bfloat16", "sdpa"),
+    kinds = [("float32 sdpa", "float32", "sdpa"), ("float32 blocked", "float32", BLOCKED),
+             ("bfloat16 sdpa", "bfloat16", "sdpa"),
              ("bfloat16 blocked (the runner's)", "bfloat16", BLOCKED)]
     prefills = {}
     for dt, engine in engines.items():

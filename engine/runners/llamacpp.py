@@ -770,13 +770,13 @@ class LlamaCppRunner:
             return True
         if work.adapter_slot != 0 or work.prompt_rows:
             return False
-        min_tokens = self.config.torch_prefill_tokens
+        min_tokens = max(self.config.torch_prefill_tokens, h.min_tokens)
         if work.start_pos == 0:
             return work.seq_len >= min_tokens
         seq_len = max(work.seq_len, work.start_pos + len(work.token_ids))
         if (work.seq_id in self._slot_of or self._kept is None or self._kept.host is None
                 or not llamacpp_handoff.worth_torch(seq_len - work.start_pos, seq_len,
-                                                    min_tokens)):
+                                                    min_tokens, not h.min_tokens)):
             return False
         slot = self._slot(work.seq_id, work.start_pos, work.block_table)
         try:

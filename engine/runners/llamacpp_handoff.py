@@ -1,5 +1,6 @@
-"""Long prompts on the llama.cpp runner prefilled by the torch model in bf16, their KV
-handed to llama.cpp, which decodes them (``--torch-prefill-tokens``).
+"""Long prompts on the llama.cpp runner prefilled by the torch model (bf16, or float32 on
+a CPU without AVX512-BF16), their KV handed to llama.cpp, which decodes them
+(``--torch-prefill-tokens``).
 
 Why: on a CPU with AVX512-BF16, torch in bf16 (oneDNN's BF16 GEMMs, the attention as
 blocked GEMMs: ``blocked_attention``) prefills a long prompt in ~0.55-0.65x the time of HF
@@ -9,7 +10,11 @@ sequence ~6x faster than torch. Measured on the default model (``python -m
 bench.prefill_handoff``, 512-token chunks as the engine runs a long prompt alone;
 2026-11-27): 1,024 tokens 1.03 s (SDPA's attention 1.22 s) vs HF 1.93 s, 3,000 tokens
 3.91 s (SDPA 5.51 s) vs HF 6.23 s; llama.cpp's greedy decoding from the KV handed over
-was 48 of 48 tokens equal to its own prefill's at both lengths.
+was 48 of 48 tokens equal to its own prefill's at both lengths. On a CPU without
+AVX512-BF16 (a 2-core AVX2 AMD EPYC, 2026-11-28) bf16 torch is 4-15x slower than HF, but
+float32 torch (oneDNN-packed linears, SDPA) prefilled 1,024 tokens in 2.87 s and 3,000 in
+10.98 s where llama.cpp's own prefill (Q8_0) took 3.5-5.2 s and 17.0 s (HF 2.5-3.8 s and
+10.7 s); there the float32 copy is used, if a timed prefill at start agrees.
 
 How: the prompt still arrives in the scheduler's chunks (so short requests keep being
 admitted beside it); each chunk runs through the torch model with the sequence's HF cache;
@@ -31,10 +36,11 @@ over 835 cached tokens: 177 ms, against 68 ms over none); torch attends with GEM
 
 What guards it: at load a probe prefills a prompt both ways and compares the next step's
 logits (same top token, KL < 0.05) and the state's size, and continues llama.cpp's own KV
-in torch and compares that step too; anything else (no AVX512-BF16, a model transformers
-cannot load from the file, a probe that disagrees) leaves the runner prefilling everything
-itself, with the reason logged. Until a sequence's KV is handed over, its blocks are not
-cached for prefix caching (``kv_pending``).
+in torch and compares that step too; anything else (a model transformers cannot load
+from the file, a probe that disagrees, too little memory) leaves the runner prefilling
+everything itself, with the reason logged. A float32 copy takes only prompts (and uncached
+tails) of ``FLOAT32_MIN_TOKENS`` or more. Until a sequence's KV is handed over, its blocks
+are not cached for prefix caching (``kv_pending``).
 """
 
 from __future__ import annotations
@@ -74,16 +80,23 @@ PROBE_MAX_KL = 0.05
 # 1,000 tokens: they cross near 25 rows over 835 tokens, 55 over 340, 16 over 1,500.
 TAIL_ROW_CONTEXT = 20_000
 MIN_TAIL = 8
-RESIDENT_BYTES_PER_PARAM = 2  # the torch copy in bf16
+# A float32 copy (a CPU without AVX512-BF16) takes prompts and uncached tails of at least
+# this many tokens (or --torch-prefill-tokens if higher). Measured on a 2-core AVX2 EPYC
+# (2026-11-28, same process, 2 rounds): torch float32 then llama.cpp (Q8_0) 128 tokens
+# 1.02-1.06x, 256 0.82-0.98x, 512 0.85-0.86x, 1,024 0.80-0.86x, 3,000 ~0.65x; only from
+# ~1,000 tokens is the gain clear of this machine's run-to-run spread.
+FLOAT32_MIN_TOKENS = 1024
 # converting a .gguf to float32: its peak over the imports, measured for the default model
 # (800 MiB for 134.5M parameters: 6.2 bytes a parameter), with a margin
 CONVERT_BYTES_PER_PARAM = 8
 
 
-def worth_torch(tail: int, seq_len: int, min_tokens: int) -> bool:
+def worth_torch(tail: int, seq_len: int, min_tokens: int, by_context: bool = True) -> bool:
     """Whether ``tail`` uncached tokens ending a ``seq_len``-token prompt whose start is
-    cached prefill faster in torch than in llama.cpp."""
-    return tail >= min_tokens or (tail >= MIN_TAIL and tail * seq_len >= TAIL_ROW_CONTEXT)
+    cached prefill faster in torch than in llama.cpp (``by_context``: also a shorter tail
+    over a long context, as measured for bf16)."""
+    return tail >= min_tokens or (by_context and tail >= MIN_TAIL
+                                  and tail * seq_len >= TAIL_ROW_CONTEXT)
 
 
 @contextlib.contextmanager
@@ -98,12 +111,16 @@ def torch_threads(n: int) -> Iterator[None]:
 
 
 class TorchPrefill:
-    """The torch side: a bf16 copy of the model and one HF cache per sequence in flight."""
+    """The torch side: a copy of the model (bf16, or float32 on a CPU without
+    AVX512-BF16) and one HF cache per sequence in flight."""
 
-    def __init__(self, model: Any, threads: int, rope_pairs: bool) -> None:
+    def __init__(self, model: Any, threads: int, rope_pairs: bool,
+                 min_tokens: int = 0) -> None:
         self.model = model
         self.threads = threads
         self.rope_pairs = rope_pairs
+        # prompts (and uncached tails) of fewer tokens stay llama.cpp's; 0: the flag's
+        self.min_tokens = min_tokens
         self.kv_heads = model.config.num_key_value_heads
         self.header = b""  # llama.cpp's state header, set by the probe
         self._caches: dict[int, Any] = {}
@@ -215,18 +232,27 @@ def set_seq_state(llama_cpp: Any, ctx: Any, slot: int, data: np.ndarray) -> None
 
 
 def load_torch_prefill(source: Any, threads: int, rope_pairs: bool,
-                       max_model_len: int) -> TorchPrefill:
-    """The model from the weights cache in bf16, its attention ``blocked_attention``'s,
-    its RoPE fixed as the runner's llama.cpp runs it (raises what loading raises)."""
+                       max_model_len: int, dtype: torch.dtype = torch.bfloat16
+                       ) -> TorchPrefill:
+    """The model from the weights cache in ``dtype``, its RoPE fixed as the runner's
+    llama.cpp runs it (raises what loading raises). bf16: attention as
+    ``blocked_attention``'s GEMMs. float32: SDPA and oneDNN-packed linears (as the torch
+    runner's), measured faster than blocked attention in float32 (1,024 tokens 2.87 s
+    against 3.05 s, 3,000 tokens 10.98 s against 12.21 s, 2-core AVX2 EPYC)."""
     from engine.loading.model_loader import load_model
     from engine.loading.rope_scaling import fix_rotary
     from engine.runners.blocked_attention import NAME
+    from engine.runners.torch.packed_linear import can_pack, pack_linears
 
-    model = load_model(source, torch.bfloat16, torch.device("cpu"), NAME)
+    cpu = torch.device("cpu")
+    model = load_model(source, dtype, cpu, NAME if dtype == torch.bfloat16 else "sdpa")
     fix_rotary(model, max_model_len)
     if not hasattr(model, "model") or not hasattr(model, "lm_head"):
         raise ValueError(f"{type(model).__name__} has no .model / .lm_head")
-    return TorchPrefill(model, threads, rope_pairs)
+    if can_pack(cpu, dtype):
+        pack_linears(model)
+    return TorchPrefill(model, threads, rope_pairs,
+                        FLOAT32_MIN_TOKENS if dtype == torch.float32 else 0)
 
 
 def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | None:
@@ -274,9 +300,14 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
     return None
 
 
-def memory_problem(n_params: int, source: Any, available: int | None) -> str | None:
+def dtype_name(prefill: TorchPrefill) -> str:
+    return str(next(prefill.model.parameters()).dtype).removeprefix("torch.")
+
+
+def memory_problem(n_params: int, source: Any, available: int | None,
+                   dtype: torch.dtype = torch.bfloat16) -> str | None:
     """Why the torch copy of an ``n_params`` model does not fit here, None when it does:
-    bf16 weights kept resident (at most half the ``available`` memory: the rest is for
+    its weights kept resident (at most half the ``available`` memory: the rest is for
     llama.cpp's KV, requests and the host tier), and, when the .gguf has no weights-cache
     entry yet, its float32 conversion first (~6 bytes a parameter at its peak for the
     default model, counted as 8) and its files on disk (4 bytes a parameter). A Llama 3 8B
@@ -285,9 +316,10 @@ def memory_problem(n_params: int, source: Any, available: int | None) -> str | N
     from engine.loading.weights_cache import cache_root, cached_model_dir
 
     gib = 2**30
-    resident = RESIDENT_BYTES_PER_PARAM * n_params
+    resident = dtype.itemsize * n_params
     if available is not None and resident > available // 2:
-        return (f"its bf16 copy would keep {resident / gib:.1f} GiB, more than half the "
+        name = str(dtype).removeprefix("torch.").replace("bfloat16", "bf16")
+        return (f"its {name} copy would keep {resident / gib:.1f} GiB, more than half the "
                 f"{available / gib:.1f} GiB of memory available")
     gguf = Path(source.directory) / source.gguf_file if source.gguf_file else None
     if gguf is None or cached_model_dir(gguf, build=False) is not None:
@@ -316,29 +348,31 @@ def start(runner: Any, source: Any, min_tokens: int) -> TorchPrefill | None:
         return None
     lc = runner.llama_cpp
     why = None
+    # bf16 where llama.cpp's CPU has AVX512-BF16 (oneDNN's BF16 GEMMs); float32 elsewhere,
+    # for long prompts only (FLOAT32_MIN_TOKENS)
+    dtype = torch.bfloat16 if cpu_has_bf16_gemm(lc) else torch.float32
     if runner.config.batch_invariant:
         why = "not under --batch-invariant (llama.cpp's own prefill is the invariant one)"
-    elif not cpu_has_bf16_gemm(lc):
-        why = "this CPU has no AVX512-BF16 (bf16 torch would be no faster)"
     elif not torch.backends.mkldnn.is_available():
         why = "torch has no oneDNN here"
     else:
         why = memory_problem(lc.llama_model_n_params(runner.model), source,
-                             available_memory())
+                             available_memory(), dtype)
     if why is None:
         t0 = time.perf_counter()
         rope_pairs = lc.llama_model_rope_type(runner.model) == lc.LLAMA_ROPE_TYPE_NORM
         try:
             prefill = load_torch_prefill(source, runner.threads, rope_pairs,
-                                         runner.max_model_len)
+                                         runner.max_model_len, dtype)
             text = runner.tokenize("The river carries sand and stones down to the sea. " * 8)
             why = probe(prefill, runner, text[:PROBE_TOKENS])
         except (ValueError, OSError, RuntimeError, KeyError, AttributeError) as e:
             why = f"the torch model could not be used ({type(e).__name__}: {e})"
         if why is None:
-            log.info("llama.cpp runner: prompts of %d+ tokens prefill in torch bf16 and hand "
+            log.info("llama.cpp runner: prompts of %d+ tokens prefill in torch %s and hand "
                      "their KV to llama.cpp, as do a prefix-cache hit's long uncached tails "
-                     "(--torch-prefill-tokens; loaded and checked in %.1fs)", min_tokens,
+                     "(--torch-prefill-tokens; loaded and checked in %.1fs)",
+                     max(min_tokens, prefill.min_tokens), dtype_name(prefill),
                      time.perf_counter() - t0)
             return prefill
     log.info("llama.cpp runner: --torch-prefill-tokens off: %s", why)

@@ -1,11 +1,11 @@
 """The llama.cpp runner's torch prefill (``--torch-prefill-tokens``) on the real default
-GGUF: a long prompt prefilled by torch in bf16 and handed to llama.cpp decodes the same
+GGUF: a long prompt prefilled by torch (bf16, or float32 on a CPU without AVX512-BF16) and
+handed to llama.cpp decodes the same
 greedy tokens as llama.cpp's own prefill, while a short request decodes in the same
 steps; its blocks are cached once handed over (a later prompt hits them, same output);
 a hit whose uncached tail is long prefills the tail in torch over the cached KV read out of
 llama.cpp (same output); an abort mid-prefill leaves nothing behind; a hand-over in the
-wrong K layout is caught by the start-up probe. Needs a CPU with AVX512-BF16 (the feature
-is off elsewhere)."""
+wrong K layout is caught by the start-up probe."""
 
 from __future__ import annotations
 
@@ -26,17 +26,12 @@ from tests.engine.long_prefill import prompt_of
 from tests.engine.test_engine import run_to_completion
 
 
-def _bf16_cpu() -> bool:
-    if not llama_cpp_available():
-        return False
-    from engine.runners.llamacpp import llama_lib
-    from engine.runners.requantize import cpu_has_bf16_gemm
-
-    return cpu_has_bf16_gemm(llama_lib())
+def _torch_prefill_cpu() -> bool:
+    return llama_cpp_available() and torch.backends.mkldnn.is_available()
 
 
-pytestmark = [pytest.mark.skipif(not _bf16_cpu(),
-                                 reason="needs llama-cpp-python on a CPU with AVX512-BF16"),
+pytestmark = [pytest.mark.skipif(not _torch_prefill_cpu(),
+                                 reason="needs llama-cpp-python and torch with oneDNN"),
               pytest.mark.usefixtures("torch_threads_restored")]
 
 LONG = 600  # tokens: chunks of 256, 512 while alone
@@ -57,7 +52,11 @@ def greedy(n: int = MAX_NEW) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine(config())
+    """bf16 on a CPU with AVX512-BF16, else float32, whose copy takes only prompts from
+    ``FLOAT32_MIN_TOKENS`` by default: here from the flag's 128, as a bf16 copy does."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llamacpp_handoff, "FLOAT32_MIN_TOKENS", 0)
+        return LLMEngine(config())
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +110,24 @@ def test_a_mid_length_prompt_takes_the_torch_prefill_by_default(engine, own, han
     ref = run_to_completion(own, {0: [("r", ids, greedy())]})["r"][0].token_ids
     assert len(handovers) == 1 and got == ref
     assert engine.scheduler.allocator.num_used == 0
+
+
+def test_a_float32_copy_takes_only_prompts_from_float32_min_tokens(engine, own, long_ids,
+                                                                   handovers, monkeypatch):
+    """Without AVX512-BF16 the copy is float32, and it pays only from ~1,000 tokens
+    (llamacpp_handoff.FLOAT32_MIN_TOKENS); shorter prompts and tails stay llama.cpp's."""
+    from engine.loading.model_loader import resolve_model
+
+    assert llamacpp_handoff.FLOAT32_MIN_TOKENS == 1024
+    prefill = llamacpp_handoff.load_torch_prefill(resolve_model("default"), 2, True, 2048,
+                                                  torch.float32)
+    assert prefill.min_tokens == 1024 and next(prefill.model.parameters()).dtype == \
+        torch.float32
+    monkeypatch.setattr(engine.runner.handoff, "min_tokens", prefill.min_tokens)
+    got = run_to_completion(engine, {0: [("r", long_ids, greedy())]})["r"][0].token_ids
+    assert handovers == []  # 600 tokens: llama.cpp's own prefill
+    ref = run_to_completion(own, {0: [("r", long_ids, greedy())]})["r"][0].token_ids
+    assert got == ref
 
 
 def test_blocks_are_cached_once_handed_over_and_a_later_prompt_hits_them(engine, own,
@@ -261,6 +278,7 @@ def test_a_prompt_whose_last_chunk_is_its_last_token_finishes_the_hand_over(
     target = engine
     if speculate:  # proposing whenever the n-gram finds any (not only where it pays)
         monkeypatch.setattr(specdecode.worker, "worth_proposing", lambda k, alpha, cost: k)
+        monkeypatch.setattr(llamacpp_handoff, "FLOAT32_MIN_TOKENS", 0)  # as ``engine``
         target = LLMEngine(config(), speculator=speculator_for(
             SpeculativeConfig(method="ngram", num_spec_tokens=3)))
         handovers.clear()  # its start-up probe's
@@ -309,8 +327,13 @@ def test_a_model_whose_torch_copy_does_not_fit_starts_without_it_and_converts_no
     the torch prefill, saying why, and converts no weights: its HF tokenizer and configs
     go into a tokenizer entry (no weights), which the next start reads; it serves as
     before."""
+    from engine.runners import requantize
+
     monkeypatch.setenv("GENSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(llamacpp_handoff, "available_memory", lambda: 600 << 20)
+    # a bf16 copy's 270 MB fit there (a float32 one's 540 MB would not, whatever the
+    # conversion needs): the conversion is what is refused
+    monkeypatch.setattr(requantize, "cpu_has_bf16_gemm", lambda lc: True)
     with caplog.at_level("INFO"):
         small = LLMEngine(config(requantize="none"))
     assert small.runner.handoff is None
@@ -345,6 +368,15 @@ def test_the_torch_copys_memory_is_checked_before_it_is_made(engine, monkeypatch
     n = engine.runner.llama_cpp.llama_model_n_params(engine.runner.model)
     got = llamacpp_handoff.memory_problem(n, resolve_model("default"), available)
     assert (got is None) if why is None else (why in got), got
+
+
+def test_a_float32_copy_is_counted_at_four_bytes_a_parameter(engine, monkeypatch):
+    monkeypatch.setattr(weights_cache, "cached_model_dir", lambda gguf, build=True: gguf.parent)
+    n = engine.runner.llama_cpp.llama_model_n_params(engine.runner.model)
+    source = resolve_model("default")
+    assert llamacpp_handoff.memory_problem(n, source, 800 << 20) is None  # bf16: 270 MB
+    got = llamacpp_handoff.memory_problem(n, source, 800 << 20, torch.float32)
+    assert got is not None and "float32 copy would keep 0.5 GiB" in got
 
 
 def test_the_start_up_probe_refuses_a_hand_over_in_the_wrong_k_layout(engine):
