@@ -14,8 +14,8 @@ holds a lease on its adapter until it finishes, so a slot is only reused (least 
 used first) once no request runs on it; a load that fails leaves nothing cached. When
 every slot is leased, a request for another adapter waits in line for a slot (first come
 first served, at most ``wait_s``), as vLLM keeps a request whose LoRA cannot be scheduled
-waiting; its files are read and checked before it waits, so a broken adapter is refused
-at once rather than after the wait.
+waiting; its files are read and checked before it waits (and read again once it has a
+slot), so a broken adapter is refused at once rather than after the wait.
 
 Anything wrong with an adapter is the caller's problem: ``AdapterError`` (a
 ``RequestError``, INVALID_ARGUMENT on the wire) names the id and the reason.
@@ -313,13 +313,16 @@ class AdapterRegistry:
             raise AdapterError(adapter_id, f"the {self.runner.name} runner cannot serve LoRA "
                                f"adapters")
         deadline = time.monotonic() + self.wait_s
-        read: LoraAdapter | None = None  # its files, read before it waits for a slot
+        checked = False  # its files read and checked, before it waits for a slot
         while True:
             with self._lock:
-                got = self._claim(adapter_id, deadline, cancel, may_wait=read is not None)
+                got = self._claim(adapter_id, deadline, cancel, may_wait=checked)
             if got is None:  # no slot now: a broken adapter is refused before any wait
-                read = read_adapter(self.root, adapter_id, self.max_rank,
-                                    self.runner.prefers_gguf_adapters)
+                # (and read again once a slot frees: a waiter holds no weights meanwhile,
+                # which for many waiters on a big model would be gigabytes)
+                read_adapter(self.root, adapter_id, self.max_rank,
+                             self.runner.prefers_gguf_adapters)
+                checked = True
                 continue
             if isinstance(got, AdapterLease):
                 lease = got
@@ -327,7 +330,7 @@ class AdapterRegistry:
                 got.result()  # the first use's error is every waiter's error
                 continue
             else:
-                lease = self._load(adapter_id, *got, read)
+                lease = self._load(adapter_id, *got)
             if cancel is not None and cancel.is_set():  # cancelled while it loaded
                 lease.release()
                 raise CancelledError(f"adapter {adapter_id!r}: the request was cancelled")
@@ -396,13 +399,11 @@ class AdapterRegistry:
                 return None
             return self._lease(adapter_id, resident)
 
-    def _load(self, adapter_id: str, slot: int, done: Future[None],
-              read: LoraAdapter | None = None) -> AdapterLease:
-        """Load ``adapter_id`` into ``slot`` (its files ``read`` already, or read here)."""
+    def _load(self, adapter_id: str, slot: int, done: Future[None]) -> AdapterLease:
         try:
-            start = time.perf_counter() - (read.load_seconds if read is not None else 0.0)
-            adapter = read if read is not None else read_adapter(
-                self.root, adapter_id, self.max_rank, self.runner.prefers_gguf_adapters)
+            start = time.perf_counter()
+            adapter = read_adapter(self.root, adapter_id, self.max_rank,
+                                   self.runner.prefers_gguf_adapters)
             self.runner.load_adapter(slot, adapter)
             adapter.weights = {}  # the runner holds its own copy; keep no second one
             adapter.load_seconds = time.perf_counter() - start

@@ -474,8 +474,10 @@ def test_a_broken_adapter_arriving_while_every_slot_is_held_is_refused_at_once(
     held.release()
 
 
-def test_an_adapter_read_before_its_wait_is_loaded_from_that_read(cache, tiny_model_dir,
-                                                                 monkeypatch):
+def test_an_adapter_checked_before_its_wait_holds_no_weights_while_it_waits(
+        cache, tiny_model_dir, monkeypatch):
+    """Its files are read to check them, then dropped (many waiters holding a big model's
+    adapters would hold gigabytes), and read again once a slot frees."""
     import engine.adapters as adapters
 
     reads: list[str] = []
@@ -486,10 +488,11 @@ def test_an_adapter_read_before_its_wait_is_loaded_from_that_read(cache, tiny_mo
     held = reg.acquire("a1")
     waiter = Acquiring(reg, "a2")
     assert wait_until(lambda: reg.waiting == 1)
+    assert reads == ["a1", "a2"]  # a2 checked before it waits
     held.release()
     waiter.join(10)
     assert isinstance(waiter.result, AdapterLease) and waiter.result.adapter_id == "a2"
-    assert reads == ["a1", "a2"]  # a2's files read once, before its wait
+    assert reads == ["a1", "a2", "a2"]
     assert reg.runner.loads == [(1, "a1"), (1, "a2")]  # type: ignore[attr-defined]
 
 
