@@ -14,7 +14,7 @@ was 48 of 48 tokens equal to its own prefill's at both lengths. On a CPU without
 AVX512-BF16 (a 2-core AVX2 AMD EPYC, 2026-11-28) bf16 torch is 4-15x slower than HF, but
 float32 torch (oneDNN-packed linears, SDPA) prefilled 1,024 tokens in 2.87 s and 3,000 in
 10.98 s where llama.cpp's own prefill (Q8_0) took 3.5-5.2 s and 17.0 s (HF 2.5-3.8 s and
-10.7 s); there the float32 copy is used, if a timed prefill at start agrees.
+10.7 s); there a float32 copy takes prompts of ``FLOAT32_MIN_TOKENS`` or more.
 
 How: the prompt still arrives in the scheduler's chunks (so short requests keep being
 admitted beside it); each chunk runs through the torch model with the sequence's HF cache;
@@ -300,8 +300,8 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
     return None
 
 
-def dtype_name(prefill: TorchPrefill) -> str:
-    return str(next(prefill.model.parameters()).dtype).removeprefix("torch.")
+def _label(dtype: torch.dtype) -> str:
+    return "bf16" if dtype == torch.bfloat16 else str(dtype).removeprefix("torch.")
 
 
 def memory_problem(n_params: int, source: Any, available: int | None,
@@ -318,8 +318,7 @@ def memory_problem(n_params: int, source: Any, available: int | None,
     gib = 2**30
     resident = dtype.itemsize * n_params
     if available is not None and resident > available // 2:
-        name = str(dtype).removeprefix("torch.").replace("bfloat16", "bf16")
-        return (f"its {name} copy would keep {resident / gib:.1f} GiB, more than half the "
+        return (f"its {_label(dtype)} copy would keep {resident / gib:.1f} GiB, more than half the "
                 f"{available / gib:.1f} GiB of memory available")
     gguf = Path(source.directory) / source.gguf_file if source.gguf_file else None
     if gguf is None or cached_model_dir(gguf, build=False) is not None:
@@ -372,7 +371,7 @@ def start(runner: Any, source: Any, min_tokens: int) -> TorchPrefill | None:
             log.info("llama.cpp runner: prompts of %d+ tokens prefill in torch %s and hand "
                      "their KV to llama.cpp, as do a prefix-cache hit's long uncached tails "
                      "(--torch-prefill-tokens; loaded and checked in %.1fs)",
-                     max(min_tokens, prefill.min_tokens), dtype_name(prefill),
+                     max(min_tokens, prefill.min_tokens), _label(dtype),
                      time.perf_counter() - t0)
             return prefill
     log.info("llama.cpp runner: --torch-prefill-tokens off: %s", why)
