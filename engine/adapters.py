@@ -88,6 +88,9 @@ class GgufLora:
 
     file: Path
     architecture: str  # general.architecture: must be the model's
+    # base tensor ("blk.0.attn_q.weight") -> ggml shapes (ne order) of lora_a and lora_b,
+    # for checking them against the model before a load
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,6 +227,8 @@ class AdapterRunner(Protocol):
     max_loras: int  # adapter slots 1..max_loras (0: this runner serves no adapters)
     prefers_gguf_adapters: bool  # a GGUF LoRA file rather than PEFT files beside it
 
+    def check_adapter(self, adapter: LoraAdapter) -> None: ...
+
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None: ...
 
 
@@ -317,11 +322,12 @@ class AdapterRegistry:
         while True:
             with self._lock:
                 got = self._claim(adapter_id, deadline, cancel, may_wait=checked)
-            if got is None:  # no slot now: a broken adapter is refused before any wait
-                # (and read again once a slot frees: a waiter holds no weights meanwhile,
-                # which for many waiters on a big model would be gigabytes)
-                read_adapter(self.root, adapter_id, self.max_rank,
-                             self.runner.prefers_gguf_adapters)
+            if got is None:  # no slot now: an adapter that is broken or does not fit
+                # the model is refused before any wait (and read again once a slot frees:
+                # a waiter holds no weights meanwhile, which for many waiters on a big
+                # model would be gigabytes)
+                self.runner.check_adapter(read_adapter(self.root, adapter_id, self.max_rank,
+                                                       self.runner.prefers_gguf_adapters))
                 checked = True
                 continue
             if isinstance(got, AdapterLease):

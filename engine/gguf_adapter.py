@@ -69,7 +69,9 @@ def read_gguf_adapter(adapter_id: str, file: Path, max_rank: int) -> LoraAdapter
             raise AdapterError(adapter_id, f"{name}: tensor {t.name!r} is of type "
                                f"{t.tensor_type.name} (LoRA tensors are "
                                f"{', '.join(TENSOR_TYPES)})")
-    ranks = _pair_ranks(adapter_id, name, reader.tensors)
+    shapes = _pair_shapes(adapter_id, name, reader.tensors)
+    ranks = {base: a[0] if base.startswith("token_embd") else a[1]
+             for base, (a, _) in shapes.items()}
     base, rank = max(ranks.items(), key=lambda item: item[1])
     if rank > max_rank:
         raise AdapterError(adapter_id, f"rank {rank} ({base}) exceeds the server's limit "
@@ -79,37 +81,38 @@ def read_gguf_adapter(adapter_id: str, file: Path, max_rank: int) -> LoraAdapter
     targets = sorted({tensor.removesuffix(".weight").split(".")[-1] for tensor in ranks})
     return LoraAdapter(adapter_id, file.parent, rank, alpha,
                        alpha / rank if alpha else 1.0, targets, {}, fingerprint,
-                       gguf=GgufLora(file, architecture))
+                       gguf=GgufLora(file, architecture, shapes))
 
 
 def _text(fields: dict[str, Any], key: str) -> str | None:
     return str(fields[key].contents()) if key in fields else None
 
 
-def _pair_ranks(adapter_id: str, name: str, tensors: list[Any]) -> dict[str, int]:
-    """Each adapted base tensor's rank (``blk.0.attn_q.weight`` -> 8), every tensor being
-    one of a complete ``lora_a`` / ``lora_b`` pair of equal rank."""
-    pairs: dict[str, dict[str, list[int]]] = {}
+def _pair_shapes(adapter_id: str, name: str, tensors: list[Any]
+                 ) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each adapted base tensor's ``lora_a`` / ``lora_b`` shapes (ggml order), every tensor
+    being one of a complete pair of one rank."""
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
     for t in tensors:
         base, _, part = t.name.rpartition(".")
         if part not in ("lora_a", "lora_b") or not base:
             raise AdapterError(adapter_id, f"{name}: tensor {t.name!r} is not a LoRA tensor "
                                f"(<base tensor>.lora_a / .lora_b)")
-        pairs.setdefault(base, {})[part] = [int(n) for n in t.shape]
+        pairs.setdefault(base, {})[part] = tuple(int(n) for n in t.shape)
     if not pairs:
         raise AdapterError(adapter_id, f"{name} holds no LoRA tensors")
-    ranks = {}
+    shapes = {}
     for base, ab in sorted(pairs.items()):
         if len(ab) != 2:
             raise AdapterError(adapter_id, f"{name}: {base}.{set(ab).pop()} has no pair")
         a, b = ab["lora_a"], ab["lora_b"]
         if len(a) < 2 or len(b) < 2:
-            raise AdapterError(adapter_id, f"{name}: {base}: lora_a {a} / lora_b {b} are not "
-                               f"matrices")
+            raise AdapterError(adapter_id, f"{name}: {base}: lora_a {list(a)} / lora_b "
+                               f"{list(b)} are not matrices")
         # ggml order: lora_a [in, r] (token_embd: [r, n_vocab]), lora_b [r, out]
         rank_a = a[0] if base.startswith("token_embd") else a[1]
         if rank_a != b[0] or rank_a < 1:
-            raise AdapterError(adapter_id, f"{name}: {base}: lora_a {a} and lora_b {b} do not "
-                               f"share a rank")
-        ranks[base] = rank_a
-    return ranks
+            raise AdapterError(adapter_id, f"{name}: {base}: lora_a {list(a)} and lora_b "
+                               f"{list(b)} do not share a rank")
+        shapes[base] = (a, b)
+    return shapes

@@ -131,6 +131,11 @@ class Runner(Protocol):
         """The scheduler freed ``seq_id``'s blocks (finished, aborted or preempted)."""
         ...
 
+    def check_adapter(self, adapter: LoraAdapter) -> None:
+        """``AdapterError`` when ``adapter`` does not fit the model (a target module it
+        lacks, shapes), without loading it or needing a slot: a request is refused before
+        it waits for one."""
+
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
         """Make ``slot`` run ``adapter`` (replacing what it held; no row uses the slot
         now). Called off the engine thread, while steps run. ``AdapterError`` when the

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.adapters import LoraAdapter
+from engine.adapters import AdapterError, LoraAdapter
 from engine.config import EngineConfig
 from engine.kv_cache import BlockKeeper
 from engine.loading.model_loader import (
@@ -402,7 +402,8 @@ class LlamaCppRunner:
         self.max_loras = config.max_loras if config.adapter_cache else 0
         self.adapters = AdapterSlots(llama_cpp, self.model, self.ctx, BaseModel(
             str(arch), n_layer, llama_cpp.llama_model_n_head(self.model), n_head_kv,
-            llama_cpp.llama_model_rope_type(self.model) == llama_cpp.LLAMA_ROPE_TYPE_NORM))
+            llama_cpp.llama_model_rope_type(self.model) == llama_cpp.LLAMA_ROPE_TYPE_NORM),
+            self.path)
         # Long prompts prefilled by torch, their KV handed over (llamacpp_handoff.py)
         self.handoff = llamacpp_handoff.start(self, source, config.torch_prefill_tokens)
         # The HF tokenizer and configs from the weights-cache entry the torch prefill
@@ -636,6 +637,12 @@ class LlamaCppRunner:
         """Nothing to compile: llama.cpp's kernels are ready once the context exists."""
         log.info("llama.cpp runner: no compiled decode step (nothing to build)")
         return WarmupReport()
+
+    def check_adapter(self, adapter: LoraAdapter) -> None:
+        if not self.max_loras:
+            raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
+                               "slots (--adapter-cache)")
+        self.adapters.check(adapter)
 
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
         """Load ``adapter`` into ``slot``, its GGUF file as it is or its PEFT weights

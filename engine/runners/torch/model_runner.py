@@ -178,6 +178,12 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         """Nothing kept per sequence: its KV lives in the blocks the scheduler frees."""
 
+    def check_adapter(self, adapter: LoraAdapter) -> None:
+        if self.lora is None:
+            raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
+                               "slots (--adapter-cache)")
+        self.lora.check(1, adapter)
+
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
         """Checked here against the full model first (``AdapterError``, nothing written);
         with tensor parallelism rank 0 then sends the adapter's tensors to every worker

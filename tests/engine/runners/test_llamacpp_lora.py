@@ -186,8 +186,8 @@ def write_adapter(directory: Path, tensors: dict[str, torch.Tensor], rank: int) 
 
 @pytest.mark.parametrize("name, module, a_shape, b_shape, reason", [
     ("wrong-shape", "model.layers.0.self_attn.q_proj", (4, 32), (64, 4),
-     r"llama.cpp refused it: tensor 'blk.0.attn_q.weight' \(module "
-     r"'model.layers.0.self_attn.q_proj'\) has incorrect shape"),
+     r"tensor 'blk.0.attn_q.weight' \(module 'model.layers.0.self_attn.q_proj'\): "
+     r"lora_a \[32, 4\] / lora_b \[4, 64\] do not fit the model's \[64, 64\]"),
     ("no-such-layer", "model.layers.7.self_attn.q_proj", (4, 64), (64, 4),
      r"target module 'model.layers.7.self_attn.q_proj' is not in this llama model "
      r"\(2 layers\)"),
@@ -204,6 +204,62 @@ def test_an_adapter_that_does_not_fit_is_refused_naming_it_and_nothing_stays_loa
         engine.adapters.acquire(name)
     assert name not in [a.adapter_id for a in engine.adapters.resident()]
     assert run(engine, [("after", ids[0], "a1")])["after"] == merged_greedy["a1"][0]
+
+
+def test_what_llama_cpp_itself_refuses_comes_back_with_its_reason(engine, cache, ids,
+                                                                   merged_greedy, monkeypatch):
+    """Shapes are checked against the model file first; where that file cannot be read,
+    llama.cpp's own refusal (its log line) is the reason."""
+    module = "base_model.model.model.layers.0.self_attn.q_proj"
+    write_adapter(cache / "unchecked", {f"{module}.lora_A.weight": torch.ones(4, 32),
+                                        f"{module}.lora_B.weight": torch.ones(64, 4)}, 4)
+    monkeypatch.setattr(engine.runner.adapters, "_base_shapes", lambda: None)
+    assert engine.adapters is not None
+    with pytest.raises(AdapterError, match=r"llama.cpp refused it: tensor 'blk.0.attn_q.weight' "
+                       r"\(module 'model.layers.0.self_attn.q_proj'\) has incorrect shape"):
+        engine.adapters.acquire("unchecked")
+    assert run(engine, [("after", ids[0], "a1")])["after"] == merged_greedy["a1"][0]
+
+
+def test_tensor_shapes_read_from_the_gguf_header_are_gguf_pys(gguf_path):
+    want = {t.name: tuple(int(n) for n in t.shape) for t in gguf.GGUFReader(gguf_path).tensors}
+    assert llamacpp_lora.gguf_tensor_shapes(gguf_path) == want
+    assert want["blk.0.attn_q.weight"] == (64, 64) and want["blk.1.ffn_down.weight"] == (128, 64)
+
+
+def test_a_file_that_is_not_gguf_has_no_tensor_shapes(tmp_path):
+    (tmp_path / "x.gguf").write_bytes(b"GGML" + bytes(40))
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        llamacpp_lora.gguf_tensor_shapes(tmp_path / "x.gguf")
+
+
+@pytest.mark.parametrize("fault", ["peft", "gguf"])
+def test_a_misfit_adapter_arriving_while_every_slot_is_held_is_refused_not_kept_waiting(
+        engine, cache, fault):
+    """Its fit to the model is checked before it would wait for a slot: INVALID_ARGUMENT
+    at once, not RESOURCE_EXHAUSTED after the wait, and nothing is loaded."""
+    name = f"misfit-{fault}"
+    if fault == "peft":
+        module = "base_model.model.model.layers.1.mlp.down_proj"
+        write_adapter(cache / name, {f"{module}.lora_A.weight": torch.ones(4, 64),
+                                     f"{module}.lora_B.weight": torch.ones(64, 4)}, 4)
+        reason = "tensor 'blk.1.ffn_down.weight' (module 'model.layers.1.mlp.down_proj'): "
+    else:
+        write_gguf_lora(cache / name / "x.gguf", pair("blk.9.attn_q.weight"))
+        reason = "tensor 'blk.9.attn_q.weight' is not in this llama model (2 layers)"
+    registry = engine.adapters
+    assert registry is not None and registry.max_loras == 2
+    held = [registry.acquire("a1"), registry.acquire("a2")]
+    try:
+        loads = registry.loads
+        with pytest.raises(AdapterError) as e:
+            registry.acquire(name)
+        assert reason in str(e.value)
+        assert registry.loads == loads and registry.waiting == 0
+        assert {a.adapter_id for a in registry.resident()} == {"a1", "a2"}
+    finally:
+        for lease in held:
+            lease.release()
 
 
 def test_a_slot_reused_after_eviction_runs_the_adapter_loaded_into_it(
@@ -329,10 +385,10 @@ GGUF_BAD = [  # (how to write the adapter's directory, what the reason says)
      "x.gguf: adapter.type 'control_vector' is not supported (only 'lora')"),
     (_write(arch="qwen2"),
      "x.gguf is an adapter of a qwen2 model, not of this llama model (general.architecture)"),
-    (_write(tensors=pair(n_in=32)),
-     "llama.cpp refused it: tensor 'blk.0.attn_q.weight' has incorrect shape"),
+    (_write(tensors=pair(n_in=32)), "tensor 'blk.0.attn_q.weight': lora_a [32, 4] / lora_b "
+     "[4, 64] do not fit the model's [64, 64] (ggml order)"),
     (_write(tensors=pair("blk.7.attn_q.weight")),
-     "llama.cpp refused it: LoRA tensor 'blk.7.attn_q.weight' does not exist in base model"),
+     "tensor 'blk.7.attn_q.weight' is not in this llama model (2 layers)"),
     (_write(tensors=pair(rank=16)),
      "rank 16 (blk.0.attn_q.weight) exceeds the server's limit 8 (--max-lora-rank)"),
     (_write(tensors={"blk.0.attn_q.weight.lora_a": np.ones((4, 64), np.float32)}),
