@@ -70,8 +70,7 @@ def read_gguf_adapter(adapter_id: str, file: Path, max_rank: int) -> LoraAdapter
                                f"{t.tensor_type.name} (LoRA tensors are "
                                f"{', '.join(TENSOR_TYPES)})")
     shapes = _pair_shapes(adapter_id, name, reader.tensors)
-    ranks = {base: a[0] if base.startswith("token_embd") else a[1]
-             for base, (a, _) in shapes.items()}
+    ranks = {base: _rank(base, a) for base, (a, _) in shapes.items()}
     base, rank = max(ranks.items(), key=lambda item: item[1])
     if rank > max_rank:
         raise AdapterError(adapter_id, f"rank {rank} ({base}) exceeds the server's limit "
@@ -109,10 +108,14 @@ def _pair_shapes(adapter_id: str, name: str, tensors: list[Any]
         if len(a) < 2 or len(b) < 2:
             raise AdapterError(adapter_id, f"{name}: {base}: lora_a {list(a)} / lora_b "
                                f"{list(b)} are not matrices")
-        # ggml order: lora_a [in, r] (token_embd: [r, n_vocab]), lora_b [r, out]
-        rank_a = a[0] if base.startswith("token_embd") else a[1]
+        rank_a = _rank(base, a)
         if rank_a != b[0] or rank_a < 1:
             raise AdapterError(adapter_id, f"{name}: {base}: lora_a {list(a)} and lora_b "
                                f"{list(b)} do not share a rank")
         shapes[base] = (a, b)
     return shapes
+
+
+def _rank(base: str, lora_a: tuple[int, ...]) -> int:
+    """ggml order: lora_a [in, r] (token_embd: [r, n_vocab]), lora_b [r, out]."""
+    return lora_a[0] if base.startswith("token_embd") else lora_a[1]

@@ -178,27 +178,28 @@ class ModelRunner:
     def release(self, seq_id: int) -> None:
         """Nothing kept per sequence: its KV lives in the blocks the scheduler frees."""
 
-    def check_adapter(self, adapter: LoraAdapter) -> None:
+    def _lora_of(self, adapter: LoraAdapter) -> LoraLayers:
         if self.lora is None:
             raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
                                "slots (--adapter-cache)")
-        self.lora.check(1, adapter)
+        return self.lora
+
+    def check_adapter(self, adapter: LoraAdapter) -> None:
+        self._lora_of(adapter).check(1, adapter)
 
     def load_adapter(self, slot: int, adapter: LoraAdapter) -> None:
         """Checked here against the full model first (``AdapterError``, nothing written);
         with tensor parallelism rank 0 then sends the adapter's tensors to every worker
         in the step stream (so a worker needs no adapter cache of its own and writes
         exactly what rank 0 checked), and each rank writes its share of every layer."""
-        if self.lora is None:
-            raise AdapterError(adapter.adapter_id, "this runner was started without adapter "
-                               "slots (--adapter-cache)")
-        adapter = self.lora.check(slot, adapter)  # a GGUF file: read back, sent as tensors
+        lora = self._lora_of(adapter)
+        adapter = lora.check(slot, adapter)  # a GGUF file: read back, sent as tensors
         if self.tp is None:
             with self._forward_lock:
-                self.lora.write(slot, adapter)
+                lora.write(slot, adapter)
             return
         with self.tp.leading(("adapter", slot, adapter)), self._forward_lock:
-            self.lora.write(slot, adapter)
+            lora.write(slot, adapter)
 
     def follow_adapter(self, slot: int, adapter: LoraAdapter) -> None:
         """A worker's half of rank 0's ``load_adapter``: the same slot, this rank's share.
