@@ -36,8 +36,11 @@ serve:
 	$(VENV)/bin/genserve serve $(ARGS)
 
 # pytest exits 5 when it collects nothing: that is a failure here, not a pass.
+# TEST_WORKERS pytest-xdist workers, a test module each at a time, each pinned to its share
+# of the cores (tests/conftest.py); TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 2
 test:
-	$(PY) -m pytest -q $(ARGS); rc=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests collected: failing" >&2; exit 1; fi; exit $$rc
 
 protos:

@@ -10,7 +10,25 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+
+
+def pin_xdist_worker() -> None:
+    """Under ``pytest -n N`` (``make test``), give each worker its own share of the cores,
+    before torch starts its thread pool: the worker's torch and llama.cpp threads, and the
+    servers it spawns, size themselves to that share (``default_threads`` reads the
+    affinity) instead of N workers each spinning threads on every core."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= count:
+        os.sched_setaffinity(0, cpus[int(worker[2:]) % count::count])
+
+
+pin_xdist_worker()
+
+import torch  # noqa: E402  (after the pinning: torch sizes its pool at import)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
