@@ -1,5 +1,5 @@
 """Prefix caching in ``make bench``: a ``genserve serve`` with caching on against one with
-it off (``--no-enable-prefix-caching``), same runner, both up at once and measured in
+it off (``--no-enable-prefix-caching``), same runner, all up at once and measured in
 alternating rounds (each ratio the median over rounds of that round's pair), for the
 llama.cpp runner (the default on a CPU) and the torch runner:
 
