@@ -5,7 +5,8 @@
 - batch 1 (one gRPC client, one request at a time) vs ``Llama.generate`` on the file the
   server runs (same attention kernel, both processes alive, rounds interleaved) and vs HF
   ``generate`` fp32;
-- 32 concurrent streaming gRPC clients vs HF static batch 32;
+- 32 concurrent streaming gRPC clients vs HF static batch 32 (and, beside it, a server
+  with a KV stream per sequence, ``--kv-streams``: not a target, the lever measured);
 - time to first token of a 1,024-, a 3,000- and a 384-token prompt vs HF (a new prompt
   each round: no prefix cache hit);
 - the first minute after SERVING vs steady state, at batch 1, each as its ratio to
@@ -55,6 +56,9 @@ from service.server import PRESTART_IDLE_S
 # 384: a mid-length prompt (a chat's history, a short document), where llama.cpp's own
 # prefill read 0.84x HF before such prompts went to the torch prefill too.
 LONG_PROMPTS = (1024, 3000, 384)
+# A second llama.cpp server for the 32-client row with a KV stream per sequence (not the
+# default: it has no prefix caching): 32 streams of 2,048 cells, 1.4 GiB on the default model.
+KV_STREAMS_FLAGS = ("--kv-streams", "--max-model-len", "2048", "--kv-cache-memory", "2GiB")
 TEXT = ("The committee reviewed the quarterly figures, noting that revenue in the northern "
         "region rose while costs in logistics fell, and asked for a forecast of next year. ")
 
@@ -124,6 +128,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                                   extra=("--metrics-port", "0", "--requantize", requantize))
     serving_at = time.monotonic()
     llm = None
+    streams = None  # the --kv-streams server (llama.cpp runner only)
     try:
         info = model_info(address)
         if info.runner == "llamacpp" and llama_cpp_available():
@@ -148,9 +153,16 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
         while time.monotonic() - serving_at < window:
             for name, rs in interleaved_runs(1, b1_measures()).items():
                 first.setdefault(name, []).append(rs[0])
+        if info.runner == "llamacpp":
+            streams = start_server_process(
+                model, (streams_port := free_port()), RESULTS / "server-kv-streams.log",
+                runner="auto", quiet=False,
+                extra=("--metrics-port", "0", "--requantize", requantize, *KV_STREAMS_FLAGS))
         # Steady state: background work (compile workers) done.
         time.sleep(PRESTART_IDLE_S + 1.0)
         wait_quiet(server.proc.pid)
+        if streams is not None:
+            wait_quiet(streams.proc.pid)
 
         def hf1() -> Row:
             with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
@@ -162,8 +174,10 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
                 return hf_static(torch_engine, 32, new)
 
-        runs32 = interleaved_runs(1 if quick else 3, {
-            "grpc": lambda: grpc_clients(address, 32, 1, new), "hf": hf32})
+        m32 = {"grpc": lambda: grpc_clients(address, 32, 1, new), "hf": hf32}
+        if streams is not None:
+            m32["streams"] = lambda: grpc_clients(f"127.0.0.1:{streams_port}", 32, 1, new)
+        runs32 = interleaved_runs(1 if quick else 3, m32)
         tags = itertools.count()
         ttft: dict[int, dict[str, list[float]]] = {}
         for n in LONG_PROMPTS[:1] if quick else LONG_PROMPTS:
@@ -177,6 +191,8 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             ttft[n] = got
     finally:
         server.stop()
+        if streams is not None:
+            streams.stop()
         if llm is not None:
             llm.close()
 
@@ -200,6 +216,12 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
     g32.ratios = {"HF static 32": paired_ratio(runs32["grpc"], runs32["hf"])}
     rows.update(hf1=hf1_row.__dict__, grpc1=g1.__dict__, first_minute=f1.__dict__,
                 hf32=hf32_row.__dict__, grpc32=g32.__dict__)
+    if "streams" in runs32:
+        s32 = median_run(runs32["streams"])
+        s32.name = f"gRPC server {' '.join(KV_STREAMS_FLAGS)}, 32 streaming clients"
+        s32.ratios = {"HF static 32": paired_ratio(runs32["streams"], runs32["hf"]),
+                      "default server": paired_ratio(runs32["streams"], runs32["grpc"])}
+        rows["grpc32_kv_streams"] = s32.__dict__
     ttft_res = {str(n): {"grpc_s": statistics.median(v["grpc"]),
                          "hf_s": statistics.median(v["hf"]),
                          "ratio": statistics.median(a / b for a, b in zip(v["grpc"], v["hf"],

@@ -21,6 +21,14 @@ class EngineConfig:
     # flash attention keeps one kernel, so a sequence's logits do not depend on how its
     # prompt was chunked (~2x slower prefill; docs/llamacpp-runner.md#batch-invariance).
     batch_invariant: bool = False
+    # llama.cpp runner: one KV stream per sequence (llama.cpp's kv_unified = false), as
+    # --batch-invariant runs, without its 63-token ubatches and bf16 V. In one unified
+    # cache every row's attention walks every cell in use, its batch mates' included, so a
+    # step's attention grows with the square of the sequences; with a stream each, a row
+    # walks its own cells (32 sequences x 200 tokens: 1.5x the throughput). Concurrency is
+    # what --kv-cache-memory holds of whole sequences; no prefix caching
+    # (docs/llamacpp-runner.md#many-sequences-at-once-one-kv-stream-each).
+    kv_streams: bool = False
     # llama.cpp runner: run a requantised copy of the GGUF (cached on disk): auto = Q8_0
     # for Q4_1, whose batched kernels scale worse (engine/runners/requantize.py); none =
     # the file as it is; Q8_0 / F16 = that format.

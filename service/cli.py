@@ -113,6 +113,11 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "batch mates, chunking or speculation: one KV stream per sequence (concurrency = "
      "what --kv-cache-memory holds of whole sequences), bf16 V cache, 63-token ubatches "
      "(about half the prefill speed), no prefix caching"),
+    ("--kv-streams", "kv_streams", bool,
+     "llama.cpp runner: one KV stream per sequence, so each row's attention reads only "
+     "its own cells (in the one shared cache it walks every sequence's: ~1.2x the "
+     "throughput at 32 sequences of 64 tokens, ~1.5x at 200); concurrency = what "
+     "--kv-cache-memory holds of whole --max-model-len sequences; no prefix caching"),
     ("--requantize", "requantize", ("auto", "none", "Q8_0", "BF16", "F16"),
      "llama.cpp runner: run a copy of the GGUF requantised once (cached beside the "
      "converted weights): auto = Q8_0 for a Q4_1 file (about 2x faster prefill and "

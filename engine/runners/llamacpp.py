@@ -11,7 +11,8 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
   ``num_blocks * block_size`` cells. The scheduler keeps accounting in blocks: a sequence
   holds ``ceil(tokens / block_size)`` blocks, so the cells llama.cpp uses never exceed the
   blocks handed out (llama.cpp places a token in any free cell, no contiguity needed).
-  Under ``--batch-invariant`` one KV stream per sequence instead (``llamacpp_streams.py``):
+  Under ``--kv-streams`` / ``--batch-invariant`` one KV stream per sequence instead
+  (``llamacpp_streams.py``):
   as many sequences as streams of a whole sequence fit the budget, no prefix caching.
 - An engine sequence gets a llama.cpp sequence id on its first chunk and gives it back
   when the scheduler frees its blocks (finish, abort, preemption): ``release`` removes its
@@ -76,7 +77,7 @@ from engine.runners.llamacpp_host_blocks import (
 )
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
-from engine.runners.llamacpp_streams import kv_streams
+from engine.runners.llamacpp_streams import kv_streams, streams_flag
 from engine.runners.requantize import cpu_has_bf16_gemm, requantize, target_format
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,9 @@ INVARIANT_UBATCH = 63
 # whose rounding differs from the same row's beside other rows (by up to 0.5 with 2
 # threads); a V type unlike K's keeps every row on the per-query kernel. ggml's type id.
 INVARIANT_TYPE_V = 30  # GGML_TYPE_BF16
-# --batch-invariant runs one KV stream per sequence (llamacpp_streams.py); False runs that
-# mode's streams' worth of cells as one unified cache instead (what the tests compare with)
+# --kv-streams / --batch-invariant run one KV stream per sequence (llamacpp_streams.py);
+# False runs those streams' worth of cells as one unified cache instead (what the tests
+# compare with)
 KV_STREAMS = True
 UBATCH = 512
 _VOCAB_CHECK_TEXT = ("Hello, world! The quick brown fox jumps over 13 lazy dogs.\n"
@@ -319,11 +321,13 @@ class LlamaCppRunner:
         if config.max_num_seqs > LLAMA_MAX_SEQ:
             raise ValueError(f"the llama.cpp runner holds at most {LLAMA_MAX_SEQ} "
                              f"sequences; --max-num-seqs is {config.max_num_seqs}")
-        # --batch-invariant: one KV stream per sequence (llamacpp_streams.py); the engine
-        # runs at most as many sequences as there are streams.
+        # --kv-streams / --batch-invariant: one KV stream per sequence
+        # (llamacpp_streams.py); the engine runs at most as many sequences as there are
+        # streams.
         self.streams = kv_streams(config.kv_cache_memory, self.max_model_len,
-                                  bytes_per_cell, config.max_num_seqs) \
-            if config.batch_invariant else None
+                                  bytes_per_cell, config.max_num_seqs,
+                                  streams_flag(config)) \
+            if streams_flag(config) else None
         self.max_num_seqs = self.streams.count if self.streams else config.max_num_seqs
         if self.streams:
             self.num_blocks = self.streams.n_ctx // config.block_size
@@ -372,17 +376,18 @@ class LlamaCppRunner:
             if caching else None
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
-            log.info("batch invariant: one KV stream per sequence, %d streams of %d cells "
-                     "(%.0f MiB each: K f16, V bf16)%s%s", self.streams.count,
-                     self.streams.cells,
+            log.info("%s: one KV stream per sequence, %d streams of %d cells "
+                     "(%.0f MiB each: K f16, V %s)%s%s", streams_flag(config),
+                     self.streams.count, self.streams.cells,
                      self.streams.cells * bytes_per_cell / 2**20,
+                     "bf16" if config.batch_invariant else "f16",
                      f"; --max-num-seqs {config.max_num_seqs} lowered to {self.max_num_seqs}"
                      f" (what --kv-cache-memory holds)"
                      if self.max_num_seqs < config.max_num_seqs else "",
                      "" if KV_STREAMS else " (KV_STREAMS off: in one unified cache)")
             if config.enable_prefix_caching:
-                log.info("llama.cpp runner: prefix caching off under --batch-invariant "
-                         "(cached cells cannot be shared across KV streams)")
+                log.info("llama.cpp runner: prefix caching off under %s (cached cells "
+                         "cannot be shared across KV streams)", streams_flag(config))
         elif self._kept is not None:
             host = self._kept.host
             log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "

@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
-import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,7 +57,6 @@ import numpy as np
 import torch
 
 from engine.runners.llamacpp_host_blocks import (
-    HEADER,
     SeqState,
     StateFormatError,
     available_memory,
@@ -123,6 +121,7 @@ class TorchPrefill:
         self.min_tokens = min_tokens
         self.kv_heads = model.config.num_key_value_heads
         self.header = b""  # llama.cpp's state header, set by the probe
+        self.streams = 1  # KV streams in llama.cpp's states (one per sequence: --kv-streams)
         self._caches: dict[int, Any] = {}
         self._tokens: dict[int, list[int]] = {}  # each sequence's torch tokens (fallback)
         self._start: dict[int, int] = {}  # each sequence's first torch position
@@ -205,7 +204,7 @@ class TorchPrefill:
         row = self.kv_heads * layers[0].keys.shape[3] * 2  # f16
         kinds = [(F16, row)] * (2 * len(layers))
         buf, parts = empty_state(self.header, kinds,
-                                 np.arange(first, first + n, dtype=np.int32))
+                                 np.arange(first, first + n, dtype=np.int32), self.streams)
         with torch.inference_mode():
             for i, layer in enumerate(layers):
                 k = layer.keys[0, :, first:].transpose(0, 1)  # [n, kv heads, head dim]
@@ -269,13 +268,15 @@ def probe(prefill: TorchPrefill, runner: Any, token_ids: list[int]) -> str | Non
                              [n]).clone()
         lc.llama_memory_seq_rm(memory, 0, n, -1)
         data = get_state(lc, ctx, 0)
-        if struct.unpack_from("<II", data, HEADER) != (1, n):
-            return f"llama.cpp's sequence state starts {bytes(data[:16]).hex()}, not as expected"
-        prefill.header = bytes(data[:HEADER])
         try:
-            prefill.begin_after(-2, parse_state(data))
+            state = parse_state(data)
         except StateFormatError as e:
             return f"llama.cpp's sequence state is not laid out as expected ({e})"
+        if len(state.positions) != n:
+            return (f"llama.cpp's sequence state holds {len(state.positions)} cells where "
+                    f"{n} were computed")
+        prefill.header, prefill.streams = state.header, state.streams
+        prefill.begin_after(-2, state)
         after = prefill.run(-2, [nxt], n, 1)
         assert after is not None
         prefill.run(-1, token_ids, 0, 1)

@@ -11,9 +11,10 @@ back with ``llama_state_seq_set_data`` (~15 ms for 900 tokens on the default mod
 instead of computing it.
 
 Layout: llama.cpp's sequence state (src/llama-kv-cache.cpp ``state_write``): an 8-byte
-header, one stream and its cell count, each cell's (position, 1, sequence id), ``v_trans``
-(0: flash attention's V rows) and the layer count, per layer the K rows (type, row size,
-one row a cell), per layer the V rows. A block is stored as its cells' rows of each of
+header, the stream count, and per stream its cell count (0: nothing more for it; one stream
+holds the sequence), each cell's (position, 1, sequence id), ``v_trans`` (0: flash
+attention's V rows) and the layer count, per layer the K rows (type, row size, one row a
+cell), per layer the V rows. A block is stored as its cells' rows of each of
 those parts, in position order; a run of blocks is written back as one state. Anything
 else (a transposed V, a second cache as sliding-window models have) is refused, and the
 runner keeps idle blocks in its cells as before.
@@ -46,37 +47,56 @@ class SeqState:
     positions: np.ndarray  # int32 [cells]
     kinds: list[tuple[int, int]]  # (ggml type, row bytes) of each K then V part
     parts: list[np.ndarray]  # uint8 [cells, row bytes] each
+    # KV streams in the state: 1 in a unified cache; one per sequence id with a stream per
+    # sequence (--kv-streams), all but the sequence's own written empty
+    streams: int = 1
 
 
 def parse_state(data: bytes | memoryview) -> SeqState:
     """Read a state ``llama_state_seq_get_data`` wrote for one sequence."""
     try:
-        n_stream, cells = struct.unpack_from("<II", data, HEADER)
-        if n_stream != 1:
-            raise StateFormatError(f"{n_stream} KV streams")
-        off = HEADER + 8
-        if not cells and len(data) == off:  # a sequence with no cells: no layers written
-            return SeqState(bytes(data[:HEADER]), np.zeros(0, np.int32), [], [])
-        meta = np.frombuffer(data, np.int32, 3 * cells, off).reshape(cells, 3)
-        if cells and (meta[:, 1] != 1).any():
-            raise StateFormatError("a cell of several sequences")
-        off += 12 * cells
-        v_trans, n_layer = struct.unpack_from("<II", data, off)
-        off += 8
-        if v_trans:
-            raise StateFormatError("transposed V rows (no flash attention)")
-        kinds, parts = [], []
-        for _ in range(2 * n_layer):
-            kind, row = struct.unpack_from("<iQ", data, off)
-            off += 12
-            kinds.append((kind, row))
-            parts.append(np.frombuffer(data, np.uint8, cells * row, off).reshape(cells, row))
-            off += cells * row
+        (n_stream,) = struct.unpack_from("<I", data, HEADER)
+        off = HEADER + 4
+        state = None
+        for _ in range(n_stream):
+            (cells,) = struct.unpack_from("<I", data, off)
+            off += 4
+            if not cells:  # a stream without the sequence: nothing else written for it
+                continue
+            if state is not None:
+                raise StateFormatError("a sequence in several KV streams")
+            state, off = _parse_stream(data, off, cells)
     except struct.error as e:
         raise StateFormatError(f"a state shorter than its layout ({e})") from None
     if off != len(data):
         raise StateFormatError(f"{len(data) - off} bytes after the layers (a second cache?)")
-    return SeqState(bytes(data[:HEADER]), meta[:, 0].copy(), kinds, parts)
+    if state is None:  # a sequence with no cells
+        return SeqState(bytes(data[:HEADER]), np.zeros(0, np.int32), [], [], n_stream)
+    positions, kinds, parts = state
+    return SeqState(bytes(data[:HEADER]), positions, kinds, parts, n_stream)
+
+
+def _parse_stream(data: bytes | memoryview, off: int, cells: int
+                  ) -> tuple[tuple[np.ndarray, list[tuple[int, int]], list[np.ndarray]], int]:
+    """One stream's ``cells`` cells from ``off`` on: (positions, kinds, parts), next offset."""
+    meta = np.frombuffer(data, np.int32, 3 * cells, off).reshape(cells, 3)
+    if (meta[:, 1] != 1).any():
+        raise StateFormatError("a cell of several sequences")
+    off += 12 * cells
+    v_trans, n_layer = struct.unpack_from("<II", data, off)
+    off += 8
+    if v_trans:
+        raise StateFormatError("transposed V rows (no flash attention)")
+    kinds, parts = [], []
+    for _ in range(2 * n_layer):
+        kind, row = struct.unpack_from("<iQ", data, off)
+        off += 12
+        kinds.append((kind, row))
+        parts.append(np.frombuffer(data, np.uint8, cells * row, off).reshape(cells, row))
+        off += cells * row
+    if off > len(data):
+        raise StateFormatError("a state shorter than its layout")
+    return (meta[:, 0].copy(), kinds, parts), off
 
 
 def page_buffer(size: int, populate: bool = False) -> np.ndarray:
@@ -97,17 +117,22 @@ def grown(buf: np.ndarray, size: int) -> np.ndarray:
     return buf if buf.size >= size else page_buffer(size)
 
 
-def empty_state(header: bytes, kinds: list[tuple[int, int]],
-                positions: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+def empty_state(header: bytes, kinds: list[tuple[int, int]], positions: np.ndarray,
+                streams: int = 1) -> tuple[np.ndarray, list[np.ndarray]]:
     """A state of cells at ``positions`` (one sequence) laid out in a new buffer, each
     part's ``[cells, row bytes]`` rows left for the caller to fill in place: no
-    intermediate copies of a prompt's KV."""
+    intermediate copies of a prompt's KV. With several ``streams`` the cells go in the
+    first and the rest are empty: llama.cpp restores a sequence's state into the
+    sequence's own stream whichever entry holds it (src/llama-kv-cache.cpp
+    ``state_read``)."""
     n = len(positions)
-    size = HEADER + 8 + 12 * n + 8 + sum(12 + n * row for _, row in kinds)
+    size = HEADER + 8 + 12 * n + 8 + sum(12 + n * row for _, row in kinds) \
+        + 4 * (streams - 1)
     buf = page_buffer(size)
     buf[:HEADER] = np.frombuffer(header, np.uint8)
+    buf[size - 4 * (streams - 1):] = 0  # the other streams' cell counts
     mem = buf.data
-    struct.pack_into("<II", mem, HEADER, 1, n)
+    struct.pack_into("<II", mem, HEADER, streams, n)
     off = HEADER + 8
     meta = buf[off:off + 12 * n].view(np.int32).reshape(n, 3)
     meta[:, 0], meta[:, 1], meta[:, 2] = positions, 1, 0
@@ -124,9 +149,9 @@ def empty_state(header: bytes, kinds: list[tuple[int, int]],
 
 
 def write_state(header: bytes, kinds: list[tuple[int, int]], positions: np.ndarray,
-                parts: list[np.ndarray]) -> np.ndarray:
+                parts: list[np.ndarray], streams: int = 1) -> np.ndarray:
     """The state of cells at ``positions`` (one sequence) with each part's rows."""
-    buf, rows = empty_state(header, kinds, positions)
+    buf, rows = empty_state(header, kinds, positions, streams)
     for dst, src in zip(rows, parts, strict=True):
         dst[:] = src
     return buf
@@ -230,6 +255,7 @@ class HostBlocks:
         self._stage = np.empty(0, dtype=np.uint8)  # a copy-out's cells in position order
         self._state_buf = np.empty(0, dtype=np.uint8)  # llama.cpp's state of them
         self._header = b""
+        self._streams = 1
         self._kinds: list[tuple[int, int]] = []
         self._cols: list[slice] = []  # each part's bytes within a cell's
 
@@ -287,7 +313,7 @@ class HostBlocks:
                 raise StateFormatError("rows laid out unlike the blocks already held")
             self._cols = [slice(int(a), int(b))
                           for a, b in zip(ends[:-1], ends[1:], strict=True)]
-        self._header, self._kinds = state.header, state.kinds
+        self._header, self._kinds, self._streams = state.header, state.kinds, state.streams
         order = None if (np.diff(positions) > 0).all() else np.argsort(positions,
                                                                          kind="stable")
         width = self.cell_bytes
@@ -331,7 +357,7 @@ class HostBlocks:
                 positions = np.arange(first_index * bs + lo, first_index * bs + hi,
                                       dtype=np.int32)
                 data = write_state(self._header, self._kinds, positions,
-                                   [p[lo:hi] for p in parts])
+                                   [p[lo:hi] for p in parts], self._streams)
                 if set_state(self.lib, self.ctx, self.scratch, data):
                     place(int(positions[0]), int(positions[-1]) + 1)
                 elif hi - lo > 1:

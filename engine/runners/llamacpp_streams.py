@@ -1,12 +1,20 @@
-"""``--batch-invariant`` on llama.cpp: one KV stream per sequence, sized from the budget.
+"""One KV stream per sequence on llama.cpp (``--kv-streams``, and ``--batch-invariant``,
+which implies it), sized from the budget.
 
-Why: llama.cpp's CPU flash attention walks a sequence's KV cells in cache order. In one
-unified cache a sequence's new tokens may land in cells freed *before* its older ones
-(a batch mate finished, was preempted, had proposals rejected), which reorders its sum
-and moves its logits. With ``kv_unified = False`` llama.cpp keeps one stream (its own
-cells) per sequence id: only the sequence itself frees cells in it, always at its tail
-(``seq_rm`` moves the stream's head back to the first freed cell), so its cells stay in
-position order whatever its batch mates do.
+Why, for throughput (``--kv-streams``): in one unified cache llama.cpp attends each row over
+every cell in use up to the highest (its CPU flash attention tests the mask of each, 9 heads
+x 30 layers on the default model), so with many sequences a row walks mostly its batch
+mates' cells and a step's attention grows with the square of the sequences: 32 sequences
+decoding 200 tokens, steps grew from ~125 to ~440 ms, where with a stream each (a row walks
+its own stream) they grew to ~200 ms (2026-11-28, default model, 2 threads).
+
+Why, for invariance (``--batch-invariant``): llama.cpp's CPU flash attention walks a
+sequence's KV cells in cache order. In one unified cache a sequence's new tokens may land
+in cells freed *before* its older ones (a batch mate finished, was preempted, had
+proposals rejected), which reorders its sum and moves its logits. With ``kv_unified =
+False`` llama.cpp keeps one stream (its own cells) per sequence id: only the sequence
+itself frees cells in it, always at its tail (``seq_rm`` moves the stream's head back to
+the first freed cell), so its cells stay in position order whatever its batch mates do.
 
 The price: llama.cpp gives every stream ``n_ctx_seq = pad256(n_ctx / n_seq_max)`` cells
 up front (src/llama-context.cpp), so each must hold a whole ``max_model_len`` sequence,
@@ -16,6 +24,8 @@ and the number of streams, the engine's concurrency, is what the KV budget holds
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from engine.config import EngineConfig
 
 STREAM_PAD = 256  # llama.cpp pads n_ctx_seq to a multiple of 256 cells
 
@@ -30,8 +40,15 @@ class KvStreams:
         return self.count * self.cells
 
 
+def streams_flag(config: EngineConfig) -> str | None:
+    """The flag that asks for a stream per sequence (None: one unified cache)."""
+    if config.batch_invariant:
+        return "--batch-invariant"
+    return "--kv-streams" if config.kv_streams else None
+
+
 def kv_streams(kv_cache_memory: int, max_model_len: int, bytes_per_cell: int,
-               max_num_seqs: int) -> KvStreams:
+               max_num_seqs: int, flag: str | None = "--kv-streams") -> KvStreams:
     """As many streams of a whole sequence as ``kv_cache_memory`` holds, at most
     ``max_num_seqs``; ``ValueError`` naming the flags when not even one fits."""
     cells = -(-max_model_len // STREAM_PAD) * STREAM_PAD
@@ -39,7 +56,7 @@ def kv_streams(kv_cache_memory: int, max_model_len: int, bytes_per_cell: int,
     count = min(max_num_seqs, kv_cache_memory // per_stream)
     if count < 1:
         raise ValueError(
-            f"--batch-invariant keeps one KV stream of a whole sequence per running "
+            f"{flag} keeps one KV stream of a whole sequence per running "
             f"sequence: a stream of {cells} cells (max_model_len {max_model_len}, padded "
             f"to {STREAM_PAD}) takes {per_stream} bytes, but --kv-cache-memory is "
             f"{kv_cache_memory}; raise --kv-cache-memory to at least {per_stream} or "

@@ -388,3 +388,24 @@ def test_the_start_up_probe_refuses_a_hand_over_in_the_wrong_k_layout(engine):
     assert why is not None and "differ from llama.cpp's own" in why
     assert llamacpp_handoff.probe(prefill, engine.runner,
                                   text[:llamacpp_handoff.PROBE_TOKENS]) is None
+
+
+def test_with_a_kv_stream_per_sequence_a_handed_over_prompt_decodes_as_llama_cpps_own(
+        own, long_ids, handovers):
+    """--kv-streams: llama.cpp's sequence states then list every stream (all but the
+    sequence's own empty); the probe reads that layout and the hand-over writes it, into
+    the sequence's own stream, beside a short request in the next one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llamacpp_handoff, "FLOAT32_MIN_TOKENS", 0)
+        streams = LLMEngine(config(kv_streams=True, max_num_seqs=4, enable_prefix_caching=False))
+    handoff = streams.runner.handoff
+    assert handoff is not None and handoff.streams == 4
+    handovers.clear()  # the start-up probe's
+    short = streams.tokenizer("The capital of France is")["input_ids"]
+    arrivals = {0: [("short", short, greedy(40))], 2: [("long", long_ids, greedy())]}
+    got = run_to_completion(streams, arrivals)
+    ref = run_to_completion(own, arrivals)
+    assert len(handovers) == 1
+    assert got["long"][0].token_ids == ref["long"][0].token_ids
+    assert got["short"][0].token_ids[:8] == ref["short"][0].token_ids[:8]
+    assert streams.scheduler.allocator.num_used == 0

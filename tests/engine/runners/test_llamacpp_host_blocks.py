@@ -195,3 +195,27 @@ def test_many_blocks_are_copied_out_in_batches_of_bounded_bytes(monkeypatch):
     h.copy_in([100 + i for i in range(5)], 0, lambda p0, p1: cells.llama_memory_seq_cp(
         None, SCRATCH, 5, p0, p1))
     assert cells.seqs[5] == want
+
+
+def test_a_state_with_a_stream_per_sequence_is_read_and_written_in_that_layout():
+    """--kv-streams: llama.cpp writes a sequence's state with every stream's cell count,
+    the sequence's cells under its own stream (here the third of four) and nothing under
+    the others; it is read as that sequence's cells, written back with the same stream
+    count, and a sequence in two streams is refused."""
+    rng = np.random.default_rng(0)
+    positions = np.arange(5, 11, dtype=np.int32)
+    parts = [np.frombuffer(rng.bytes(len(positions) * ROW), np.uint8).reshape(-1, ROW)
+             for _ in KINDS]
+    one = write_state(HEADER, KINDS, positions, parts).tobytes()
+    body = one[len(HEADER) + 4:]  # this stream's cell count and cells
+    empty = (0).to_bytes(4, "little")
+    data = HEADER + (4).to_bytes(4, "little") + empty * 2 + body + empty
+    state = parse_state(data)
+    assert state.streams == 4 and state.header == HEADER
+    assert (state.positions == positions).all()
+    assert all((a == b).all() for a, b in zip(state.parts, parts, strict=True))
+    again = parse_state(write_state(HEADER, KINDS, positions, parts, streams=4).tobytes())
+    assert again.streams == 4 and (again.positions == positions).all()
+    assert all((a == b).all() for a, b in zip(again.parts, parts, strict=True))
+    with pytest.raises(StateFormatError, match="several KV streams"):
+        parse_state(HEADER + (2).to_bytes(4, "little") + body + body)

@@ -154,3 +154,33 @@ def test_a_lone_row_over_512_cells_on_two_threads_equals_the_same_row_beside_oth
     alone = logprobs([("x", prompt, p)])
     assert logprobs([("x", prompt, p), ("m", mate, dataclasses.replace(
         p, max_new_tokens=8))]) == alone
+
+
+def test_kv_streams_alone_gives_a_stream_per_sequence_with_512_token_ubatches_and_f16_v(
+        ids):
+    """--kv-streams without --batch-invariant: a stream per sequence (concurrency and
+    prefix caching as above), llama.cpp's default 512-token ubatches, and greedy output
+    of sequences running together equal to llama.cpp's own generation of each (f16 V)."""
+    import itertools
+
+    import llama_cpp
+
+    from engine.loading.model_loader import default_model_path
+    from engine.runners.llamacpp import UBATCH
+
+    eng = LLMEngine(config(batch_invariant=False, kv_streams=True))
+    runner = eng.runner
+    lc = runner.llama_cpp  # type: ignore[attr-defined]
+    assert lc.llama_n_ctx_seq(runner.ctx) == 256  # type: ignore[attr-defined]
+    assert eng.config.max_num_seqs == STREAMS and not eng.info.prefix_caching
+    assert lc.llama_n_ubatch(runner.ctx) == UBATCH  # type: ignore[attr-defined]
+    llm = llama_cpp.Llama(default_model_path(), n_ctx=256, n_threads=THREADS, flash_attn=True,
+                          n_ubatch=UBATCH, verbose=False)  # f16 K and V
+    want = [list(itertools.islice(llm.generate(p, temp=0.0, reset=True), NEW)) for p in ids]
+    llm.close()
+    greedy = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    got = run(eng, {i: [(f"k{i}", p, greedy)] for i, p in enumerate(ids)})
+    assert [got[f"k{i}"] for i in range(len(ids))] == want
+    with pytest.raises(ValueError, match="--kv-streams.*--kv-cache-memory"):
+        LLMEngine(config(batch_invariant=False, kv_streams=True,
+                         kv_cache_memory=256 * CELL - 1))
