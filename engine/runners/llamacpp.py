@@ -422,7 +422,7 @@ class LlamaCppRunner:
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(self.model, desc, len(desc))
         log.info("llama.cpp runner: %s (%s, %s%s) loaded in %.1fs; %d threads; ubatch %d%s; "
-                 "KV cache %d cells (%d blocks of %d, %.0f MiB f16) for %d sequences",
+                 "KV cache %d cells (%d blocks of %d, %.0f MiB f16) for %d sequences%s",
                  self.model_id, desc.value.decode(), self.quantization,
                  f", requantised from {self.requantized_from}" if self.requantized_from
                  else "", time.perf_counter() - start, self.threads, cparams.n_ubatch,
@@ -430,7 +430,9 @@ class LlamaCppRunner:
                  else " (not batch invariant: near-ties may vary with batch mates; "
                       "--batch-invariant)", cparams.n_ctx,
                  self.num_blocks, config.block_size,
-                 self.num_blocks * bytes_per_block / 2**20, self.max_num_seqs)
+                 self.num_blocks * bytes_per_block / 2**20, self.max_num_seqs,
+                 "" if self.streams else ", one unified cache (each row attends over every "
+                 "sequence's cells; --kv-streams: a stream each, for many at once)")
 
     def _cell_keeper(self, config: EngineConfig, n_seq_max: int,
                      bytes_per_block: int) -> CellKeeper:
@@ -703,6 +705,8 @@ class LlamaCppRunner:
         # A prompt in the torch prefill whose last chunk is its one last token (with any
         # proposals after it) comes as decode rows: they are the chunk ending the hand-over
         ending: dict[int, tuple[int, PrefillWork]] = {}  # seq -> (first row, that chunk)
+        if self.streams is not None:
+            self._pack_streams(decodes, prefills)
         for r in decodes:  # a sequence's rows (batch expansion) come in position order
             if self.handoff is not None and r.seq_id in self.handoff:
                 if r.seq_id in ending:
@@ -768,6 +772,40 @@ class LlamaCppRunner:
         for i, row in handed:
             out[i] = row
         return out
+
+    def _pack_streams(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> None:
+        """With a KV stream per sequence, move sequences from the highest ids into free
+        lower ones, so that the running sequences and this step's new ones (which take the
+        lowest free ids) sit on consecutive ids: llama.cpp puts only sequences of
+        consecutive ids in one ubatch, and every extra ubatch reads all the weights again
+        (gaps left by finished sequences made 32 staggered ones run ~5 ubatches a step).
+        A move is llama.cpp's cross-stream ``seq_cp``, which copies the whole stream at the
+        start of the next ``llama_decode`` (~n_ctx_seq x cell bytes), then ``seq_rm``.
+        Not in a step that writes a torch-prefilled KV into a sequence: that write is
+        immediate, and into a stream a move has just vacated it would be the copy's
+        source before the copy runs."""
+        h = self.handoff
+        if h is not None and (any(r.seq_id in h for r in decodes)
+                              or any(self._torch_prefills(w) for w in prefills)):
+            return
+        new = {r.seq_id for r in decodes if r.seq_id not in self._slot_of} | {
+            w.seq_id for w in prefills if w.seq_id not in self._slot_of}
+        used = len(self._slot_of) + len(new)
+        holes = sorted(s for s in self._free_slots if s < used)
+        movers = sorted(((slot, seq) for seq, slot in self._slot_of.items()
+                         if slot >= used and (h is None or seq not in h)), reverse=True)
+        if not movers or not holes:
+            return
+        lc = self.llama_cpp
+        free = set(self._free_slots)
+        for (src, seq), dst in zip(movers, holes, strict=False):  # holes left: new ones
+            lc.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+            lc.llama_memory_seq_rm(self.memory, src, -1, -1)
+            self._slot_of[seq] = dst
+            self._cached[dst], self._cached[src] = self._cached[src], 0
+            free.discard(dst)
+            free.add(src)
+        self._free_slots = sorted(free)  # a sorted list is a heap
 
     def _torch_prefills(self, work: PrefillWork) -> bool:
         """Whether this chunk goes through the torch model: a sequence already started

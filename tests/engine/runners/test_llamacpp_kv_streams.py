@@ -184,3 +184,31 @@ def test_kv_streams_alone_gives_a_stream_per_sequence_with_512_token_ubatches_an
     with pytest.raises(ValueError, match="--kv-streams.*--kv-cache-memory"):
         LLMEngine(config(batch_invariant=False, kv_streams=True,
                          kv_cache_memory=256 * CELL - 1))
+
+
+def test_sequences_left_above_a_gap_move_down_and_decode_as_they_would_have(ids):
+    """--kv-streams: two short requests finish first and leave the lowest ids free; the
+    two still running move down into them (llama.cpp batches only consecutive ids: a gap
+    costs a ubatch a step), and their greedy output equals each alone. A third arrives
+    later, takes the next id, and moves to the lowest once the others finish."""
+    eng = LLMEngine(config(batch_invariant=False, kv_streams=True))
+    runner = eng.runner
+    greedy = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
+    short = SamplingParams(max_new_tokens=3, ignore_eos=True)
+    alone = {i: run(eng, {0: [("a", ids[i], greedy)]})["a"] for i in (2, 3, 4)}
+    seen: dict[str, set[int]] = {}
+    real = runner._pack_streams  # type: ignore[attr-defined]
+
+    def watched(decodes, prefills):
+        real(decodes, prefills)
+        ids_of = {s.seq_id: r.request_id for r in eng.requests.values() for s in r.sequences}
+        for seq, slot in runner._slot_of.items():  # type: ignore[attr-defined]
+            seen.setdefault(ids_of[seq], set()).add(slot)
+
+    runner._pack_streams = watched  # type: ignore[attr-defined]
+    got = run(eng, {0: [("s0", ids[0], short), ("s1", ids[1], short), ("c", ids[2], greedy),
+                        ("d", ids[3], greedy)], 12: [("e", ids[4], greedy)]})
+    assert got["c"] == alone[2] and got["d"] == alone[3] and got["e"] == alone[4]
+    # the highest id takes the lowest free one; e, alone after c and d finish, moves to 0
+    assert seen["c"] == {2, 1} and seen["d"] == {3, 0} and seen["e"] == {2, 0}
+    assert eng.scheduler.allocator.num_used == 0
