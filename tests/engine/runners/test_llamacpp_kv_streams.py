@@ -160,7 +160,8 @@ def test_kv_streams_alone_gives_a_stream_per_sequence_with_512_token_ubatches_an
         ids):
     """--kv-streams without --batch-invariant: a stream per sequence (concurrency and
     prefix caching as above), llama.cpp's default 512-token ubatches, and greedy output
-    of sequences running together equal to llama.cpp's own generation of each (f16 V)."""
+    of sequences running together equal to llama.cpp's own generation of each (f16 V),
+    with n-gram speculation too."""
     import itertools
 
     import llama_cpp
@@ -181,6 +182,14 @@ def test_kv_streams_alone_gives_a_stream_per_sequence_with_512_token_ubatches_an
     greedy = SamplingParams(max_new_tokens=NEW, ignore_eos=True)
     got = run(eng, {i: [(f"k{i}", p, greedy)] for i, p in enumerate(ids)})
     assert [got[f"k{i}"] for i in range(len(ids))] == want
+    # n-gram speculation: verify rows of unequal counts per sequence (more ubatches)
+    spec = LLMEngine(config(batch_invariant=False, kv_streams=True),
+                     speculator=speculator_for(SpeculativeConfig(method="ngram",
+                                                                 num_spec_tokens=4)))
+    spec.runner._row_cost = 0.0  # type: ignore[attr-defined]  # propose every step
+    got = run(spec, {i: [(f"k{i}", p, greedy)] for i, p in enumerate(ids)})
+    assert [got[f"k{i}"] for i in range(len(ids))] == want
+    assert spec.stats().spec.accepted > 0
     with pytest.raises(ValueError, match="--kv-streams.*--kv-cache-memory"):
         LLMEngine(config(batch_invariant=False, kv_streams=True,
                          kv_cache_memory=256 * CELL - 1))
