@@ -324,10 +324,9 @@ class LlamaCppRunner:
         # --kv-streams / --batch-invariant: one KV stream per sequence
         # (llamacpp_streams.py); the engine runs at most as many sequences as there are
         # streams.
+        flag = streams_flag(config)
         self.streams = kv_streams(config.kv_cache_memory, self.max_model_len,
-                                  bytes_per_cell, config.max_num_seqs,
-                                  streams_flag(config)) \
-            if streams_flag(config) else None
+                                  bytes_per_cell, config.max_num_seqs, flag) if flag else None
         self.max_num_seqs = self.streams.count if self.streams else config.max_num_seqs
         if self.streams:
             self.num_blocks = self.streams.n_ctx // config.block_size
@@ -377,7 +376,7 @@ class LlamaCppRunner:
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
             log.info("%s: one KV stream per sequence, %d streams of %d cells "
-                     "(%.0f MiB each: K f16, V %s)%s%s", streams_flag(config),
+                     "(%.0f MiB each: K f16, V %s)%s%s", flag,
                      self.streams.count, self.streams.cells,
                      self.streams.cells * bytes_per_cell / 2**20,
                      "bf16" if config.batch_invariant else "f16",
@@ -387,7 +386,7 @@ class LlamaCppRunner:
                      "" if KV_STREAMS else " (KV_STREAMS off: in one unified cache)")
             if config.enable_prefix_caching:
                 log.info("llama.cpp runner: prefix caching off under %s (cached cells "
-                         "cannot be shared across KV streams)", streams_flag(config))
+                         "cannot be shared across KV streams)", flag)
         elif self._kept is not None:
             host = self._kept.host
             log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "

@@ -48,7 +48,7 @@ def streams_flag(config: EngineConfig) -> str | None:
 
 
 def kv_streams(kv_cache_memory: int, max_model_len: int, bytes_per_cell: int,
-               max_num_seqs: int, flag: str | None = "--kv-streams") -> KvStreams:
+               max_num_seqs: int, flag: str = "--kv-streams") -> KvStreams:
     """As many streams of a whole sequence as ``kv_cache_memory`` holds, at most
     ``max_num_seqs``; ``ValueError`` naming the flags when not even one fits."""
     cells = -(-max_model_len // STREAM_PAD) * STREAM_PAD
