@@ -74,9 +74,11 @@ from engine.runners.llamacpp_host_blocks import (
     check_budget,
     get_state,
     parse_state,
+    write_state,
 )
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
+from engine.runners.llamacpp_stream_cache import StreamKeeper
 from engine.runners.llamacpp_streams import kv_streams, streams_flag
 from engine.runners.requantize import cpu_has_bf16_gemm, requantize, target_format
 
@@ -344,13 +346,18 @@ class LlamaCppRunner:
                                else UBATCH)
         # Prefix caching: the sequence ids past the running ones keep cached cells.
         # llama.cpp reserves an output row per sequence id within min(n_ctx, n_batch)
-        # (it aborts otherwise), so that bounds the ids too. Not with a stream per
-        # sequence: seq_cp shares cells within one stream only (across streams it copies
-        # a whole stream, and a keeper would take a stream's memory).
+        # (it aborts otherwise), so that bounds the ids too. With a stream per sequence,
+        # cached KV goes by value through host memory instead (llamacpp_stream_cache.py):
+        # seq_cp shares cells within one stream only.
         n_seq_max = min(LLAMA_MAX_SEQ, cparams.n_ctx, cparams.n_batch)
-        caching = (config.enable_prefix_caching and self.streams is None
-                   and n_seq_max > config.max_num_seqs)
-        cparams.n_seq_max = n_seq_max if caching else self.max_num_seqs
+        host_memory = config.kv_cache_memory if config.prefix_cache_host_memory is None \
+            else config.prefix_cache_host_memory
+        if self.streams is None:
+            caching = config.enable_prefix_caching and n_seq_max > config.max_num_seqs
+        else:
+            caching = config.enable_prefix_caching and host_memory >= bytes_per_block
+        cparams.n_seq_max = n_seq_max if caching and not self.streams else \
+            self.max_num_seqs
         cparams.kv_unified = self.streams is None or not KV_STREAMS
         if config.batch_invariant:
             cparams.type_v = INVARIANT_TYPE_V
@@ -369,10 +376,13 @@ class LlamaCppRunner:
         # consecutive ids in one ubatch, so the running ones should sit together
         self._free_slots = list(range(self.max_num_seqs))
         self._cached = [0] * self.max_num_seqs  # positions each llama.cpp seq caches
-        self.supports_prefix_caching = caching
         self.handoff: llamacpp_handoff.TorchPrefill | None = None
-        self._kept = self._cell_keeper(config, n_seq_max, bytes_per_block) \
-            if caching else None
+        self._kept: CellKeeper | StreamKeeper | None = None
+        if caching and self.streams is None:
+            self._kept = self._cell_keeper(config, n_seq_max, bytes_per_block, host_memory)
+        elif caching:
+            self._kept = self._stream_keeper(host_memory // bytes_per_block, bytes_per_block)
+        self.supports_prefix_caching = self._kept is not None
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
             log.info("%s: one KV stream per sequence, %d streams of %d cells "
@@ -384,10 +394,17 @@ class LlamaCppRunner:
                      f" (what --kv-cache-memory holds)"
                      if self.max_num_seqs < config.max_num_seqs else "",
                      "" if KV_STREAMS else " (KV_STREAMS off: in one unified cache)")
-            if config.enable_prefix_caching:
-                log.info("llama.cpp runner: prefix caching off under %s (cached cells "
-                         "cannot be shared across KV streams)", flag)
-        elif self._kept is not None:
+            if isinstance(self._kept, StreamKeeper):
+                log.info("llama.cpp runner: prefix caching through host memory (a finished "
+                         "sequence's cached blocks are copied out of its stream, a hit "
+                         "written into the new sequence's), up to %d blocks (%.0f MiB, "
+                         "--prefix-cache-host-memory)", self._kept.max_idle_blocks,
+                         self._kept.max_idle_blocks * bytes_per_block / 2**20)
+            elif config.enable_prefix_caching and not caching:
+                log.info("llama.cpp runner: prefix caching off under %s: with a KV stream "
+                         "per sequence cached blocks live in host memory, and "
+                         "--prefix-cache-host-memory holds none", flag)
+        elif isinstance(self._kept, CellKeeper):
             host = self._kept.host
             log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "
                      "sequence ids; %s", len(self._kept.keepers),
@@ -434,11 +451,9 @@ class LlamaCppRunner:
                  "sequence's cells; --kv-streams: a stream each, for many at once)")
 
     def _cell_keeper(self, config: EngineConfig, n_seq_max: int,
-                     bytes_per_block: int) -> CellKeeper:
+                     bytes_per_block: int, host_memory: int) -> CellKeeper:
         """Keepers in the sequence ids past the running ones; with host memory for idle
         blocks, the last id is the host tier's scratch."""
-        host_memory = config.kv_cache_memory if config.prefix_cache_host_memory is None \
-            else config.prefix_cache_host_memory
         host_blocks = host_memory // bytes_per_block
         ids = range(config.max_num_seqs, n_seq_max)
         host = None
@@ -452,6 +467,32 @@ class LlamaCppRunner:
             self.llama_cpp, self.memory, config.block_size, ids, self._slot_of.get,
             pending=lambda seq_id: self.handoff is not None and seq_id in self.handoff,
             host=host, host_blocks=host_blocks)
+
+    def _stream_keeper(self, host_blocks: int, bytes_per_block: int) -> StreamKeeper | None:
+        """Prefix caching through host memory, with a stream per sequence; None (logged)
+        where llama.cpp's sequence state is not laid out as ``HostBlocks`` reads it (a
+        second cache, as sliding-window models have): checked now on one token, since a
+        block that could not be copied out when its sequence ends would be lost."""
+        check_budget(host_blocks * bytes_per_block, available_memory())
+        lc = self.llama_cpp
+        try:
+            a = self.arrays
+            a.token[0], a.pos[0], a.seq_id[0], a.logits[0] = 0, 0, 0, 1
+            if lc.llama_decode(self.ctx, a.batch(lc, 0, 1)) != 0:
+                raise StateFormatError("llama_decode failed on one token")
+            parse_state(get_state(lc, self.ctx, 0))
+        except StateFormatError as e:
+            log.warning("llama.cpp runner: prefix caching off: with a KV stream per "
+                        "sequence it copies cached KV through host memory, and this "
+                        "model's sequence state is not laid out as expected (%s)", e)
+            return None
+        finally:
+            lc.llama_memory_seq_rm(self.memory, 0, -1, -1)
+        host = HostBlocks(lc, self.ctx, self.memory, self.block_size, scratch=-1,
+                          capacity=host_blocks, cell_bytes=bytes_per_block // self.block_size)
+        return StreamKeeper(host, self._slot_of.get, host_blocks,
+                            pending=lambda seq_id: self.handoff is not None
+                            and seq_id in self.handoff)
 
     def close(self) -> None:
         """Nothing to stop: the context and model are freed with the runner."""
@@ -665,6 +706,8 @@ class LlamaCppRunner:
         slot = self._slot_of.pop(seq_id, None)
         if slot is None:
             return
+        if isinstance(self._kept, StreamKeeper):  # its cached blocks out of its stream
+            self._kept.release(seq_id, slot)
         self.llama_cpp.llama_memory_seq_rm(self.memory, slot, -1, -1)
         self._cached[slot] = 0
         heapq.heappush(self._free_slots, slot)
@@ -680,8 +723,8 @@ class LlamaCppRunner:
                 raise RuntimeError(f"more than {self.max_num_seqs} sequences hold KV")
             slot = self._slot_of[seq_id] = heapq.heappop(self._free_slots)
             if first_pos and self._kept is not None and block_table is not None:
-                self._kept.share(block_table[:first_pos // self.block_size], slot)
-                self._kept.take_grant(seq_id, slot)  # a kept partial block after them
+                # the cached blocks, then a kept partial block after them
+                self._kept.share(block_table[:first_pos // self.block_size], slot, seq_id)
                 self._cached[slot] = first_pos
         if first_pos < self._cached[slot]:
             self.llama_cpp.llama_memory_seq_rm(self.memory, slot, first_pos, -1)
@@ -705,6 +748,8 @@ class LlamaCppRunner:
         # proposals after it) comes as decode rows: they are the chunk ending the hand-over
         ending: dict[int, tuple[int, PrefillWork]] = {}  # seq -> (first row, that chunk)
         if self.streams is not None:
+            if isinstance(self._kept, StreamKeeper):
+                self._stage_hits(decodes, prefills)
             self._pack_streams(decodes, prefills)
         for r in decodes:  # a sequence's rows (batch expansion) come in position order
             if self.handoff is not None and r.seq_id in self.handoff:
@@ -771,6 +816,17 @@ class LlamaCppRunner:
         for i, row in handed:
             out[i] = row
         return out
+
+    def _stage_hits(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> None:
+        """Cached blocks that this step's new sequences start from, and that are still
+        only in the streams of the sequences that computed them, go to host memory now,
+        before ``_pack_streams`` may move those streams (see ``StreamKeeper``)."""
+        assert isinstance(self._kept, StreamKeeper)
+        bs = self.block_size
+        for seq_id, first, table in [*((r.seq_id, r.position, r.block_table) for r in decodes),
+                                     *((w.seq_id, w.start_pos, w.block_table) for w in prefills)]:
+            if first >= bs and table is not None and seq_id not in self._slot_of:
+                self._kept.stage(table[:first // bs])
 
     def _pack_streams(self, decodes: list[DecodeRow], prefills: list[PrefillWork]) -> None:
         """With a KV stream per sequence, move sequences from the highest ids into free
@@ -871,8 +927,23 @@ class LlamaCppRunner:
     def _set_tail_state(self, slot: int, state: np.ndarray, p0: int, p1: int) -> None:
         """Cells of positions ``p0..p1`` for ``slot``, which holds the positions before them
         (shared with keepers): llama.cpp writes a state into a sequence it first empties,
-        so the tail goes into the host tier's scratch sequence and is shared from there."""
+        so the tail goes into the host tier's scratch sequence and is shared from there.
+        With a stream per sequence (no scratch: cells are not shared across streams) the
+        slot's state is read and written again with the tail after it."""
         assert self._kept is not None and self._kept.host is not None
+        if isinstance(self._kept, StreamKeeper):
+            head, tail = parse_state(get_state(self.llama_cpp, self.ctx, slot)), \
+                parse_state(state.data)
+            if tail.kinds != head.kinds or (len(head.positions) and head.positions[-1] + 1
+                                            != p0):
+                raise RuntimeError("a torch-prefilled tail unlike its cached prefix")
+            whole = write_state(head.header, head.kinds,
+                                np.concatenate([head.positions, tail.positions]),
+                                [np.concatenate(pair) for pair in zip(head.parts, tail.parts,
+                                                                      strict=True)],
+                                head.streams)
+            llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, slot, whole)
+            return
         scratch = self._kept.host.scratch
         try:
             llamacpp_handoff.set_seq_state(self.llama_cpp, self.ctx, scratch, state)

@@ -299,9 +299,20 @@ class HostBlocks:
             state = parse_state(get_state(lib, self.ctx, self.scratch, self._state_buffer))
         finally:
             lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
-        positions = state.positions
-        if len(positions) != sum(r[3] for r in ranges):
-            raise StateFormatError(f"{len(positions)} cells for {len(ranges)} blocks")
+        if len(state.positions) != sum(r[3] for r in ranges):
+            raise StateFormatError(f"{len(state.positions)} cells for {len(ranges)} blocks")
+        self._store(state, ranges)
+
+    def copy_out_of(self, seq: int, ranges: list[Range]) -> None:
+        """Copy blocks out of sequence ``seq``'s own state, no scratch sequence: with a KV
+        stream per sequence (where a scratch sequence would take a whole stream) a
+        sequence's state holds its cells alone. ``(block, seq, index, cells)`` each."""
+        self._store(parse_state(get_state(self.lib, self.ctx, seq, self._state_buffer)),
+                    ranges)
+
+    def _store(self, state: SeqState, ranges: list[Range]) -> None:
+        """Each range's cells (found by position in ``state``) into a slot of its own."""
+        bs = self.block_size
         if state.kinds != self._kinds:
             ends = np.cumsum([0] + [row for _, row in state.kinds])
             if ends[-1] != self.cell_bytes:
@@ -312,19 +323,26 @@ class HostBlocks:
             self._cols = [slice(int(a), int(b))
                           for a, b in zip(ends[:-1], ends[1:], strict=True)]
         self._header, self._kinds, self._streams = state.header, state.kinds, state.streams
+        positions = state.positions
         order = None if (np.diff(positions) > 0).all() else np.argsort(positions,
                                                                          kind="stable")
-        width = self.cell_bytes
-        self._stage = grown(self._stage, len(positions) * width)
-        cells = self._stage[:len(positions) * width].reshape(len(positions), width)
-        for part, cols in zip(state.parts, self._cols, strict=True):
-            cells[:, cols] = part if order is None else part[order]
         if order is not None:
             positions = positions[order]
-        start = 0
-        for block, _, index, n in ranges:
-            if not (positions[start:start + n] // bs == index).all():
+        picks = []
+        for _, _, index, n in ranges:
+            lo = int(np.searchsorted(positions, index * bs))
+            if not np.array_equal(positions[lo:lo + n], np.arange(index * bs, index * bs + n)):
                 raise StateFormatError(f"block {index}'s cells are not where expected")
+            picks.append(np.arange(lo, lo + n) if order is None else order[lo:lo + n])
+        idx = np.concatenate(picks) if picks else np.zeros(0, np.int64)
+        whole = order is None and len(idx) == len(positions)  # all cells, in order
+        width = self.cell_bytes
+        self._stage = grown(self._stage, len(idx) * width)
+        cells = self._stage[:len(idx) * width].reshape(len(idx), width)
+        for part, cols in zip(state.parts, self._cols, strict=True):
+            cells[:, cols] = part if whole else part[idx]
+        start = 0
+        for block, _, _, n in ranges:
             slot = self._take_slot()
             slot[:n] = cells[start:start + n]
             self._slot[block], self._count[block] = slot, n
@@ -345,10 +363,8 @@ class HostBlocks:
         run it has no room for is halved until it fits (one cell always does: the
         scheduler accounts for them)."""
         bs = self.block_size
-        assert all(self._count[b] == bs for b in blocks[:-1]), "a partial block inside a run"
-        cells = np.concatenate([self._slot[b][:self._count[b]] for b in blocks])
-        parts = [cells[:, c] for c in self._cols]
-        pending = [(0, len(cells))]
+        parts, n = self._run(blocks)
+        pending = [(0, n)]
         try:
             while pending:
                 lo, hi = pending.pop()
@@ -365,6 +381,24 @@ class HostBlocks:
                     raise RuntimeError("llama.cpp has no free cell for a cached block")
         finally:
             self.lib.llama_memory_seq_rm(self.memory, self.scratch, -1, -1)
+
+    def _run(self, blocks: list[int]) -> tuple[list[np.ndarray], int]:
+        """Each part's rows of ``blocks`` (only the last may be partial), and their cells."""
+        bs = self.block_size
+        assert all(self._count[b] == bs for b in blocks[:-1]), "a partial block inside a run"
+        cells = np.concatenate([self._slot[b][:self._count[b]] for b in blocks])
+        return [cells[:, c] for c in self._cols], len(cells)
+
+    def write_into(self, blocks: list[int], seq: int) -> None:
+        """``blocks`` (indices 0, 1, ...) become the whole state of sequence ``seq``, with
+        one ``llama_state_seq_set_data``: with a KV stream per sequence a new sequence's
+        stream is empty and holds a whole sequence, so the run always fits."""
+        parts, n = self._run(blocks)
+        data = write_state(self._header, self._kinds, np.arange(n, dtype=np.int32), parts,
+                           self._streams)
+        if not set_state(self.lib, self.ctx, seq, data):
+            raise RuntimeError(f"llama.cpp could not write {n} cached cells into its "
+                               f"sequence {seq}")
 
     def drop(self, block: int) -> None:
         slot = self._slot.pop(block, None)

@@ -224,11 +224,11 @@ class CellKeeper:
             for _, lo, hi in runs(ranges):
                 self._release(keeper, lo, hi)
 
-    def share(self, blocks: list[int], dst: int) -> None:
+    def share(self, blocks: list[int], dst: int, seq_id: int | None = None) -> None:
         """Give llama.cpp sequence ``dst`` the cells of ``blocks`` (cached, at indices
-        ``0 .. len(blocks) - 1``): blocks in host memory are written back first (each
-        into a keeper when one is free at its index), then one ``seq_cp`` per run of
-        blocks in one keeper."""
+        ``0 .. len(blocks) - 1``), then the tail granted to ``seq_id``: blocks in host
+        memory are written back first (each into a keeper when one is free at its index),
+        then one ``seq_cp`` per run of blocks in one keeper."""
         bs = self.block_size
         given: set[int] = set()
         if self.host is not None:
@@ -249,6 +249,8 @@ class CellKeeper:
             if keeper is not None:
                 self.lib.llama_memory_seq_cp(self.memory, keeper, dst, start * bs, i * bs)
             start = i
+        if seq_id is not None:
+            self.take_grant(seq_id, dst)
 
     def _restore(self, blocks: list[int], start: int, end: int, dst: int) -> set[int]:
         """Write ``blocks[start:end]`` back from host memory into ``dst`` and, where one is

@@ -394,10 +394,12 @@ def test_with_a_kv_stream_per_sequence_a_handed_over_prompt_decodes_as_llama_cpp
         own, long_ids, handovers):
     """--kv-streams: llama.cpp's sequence states then list every stream (all but the
     sequence's own empty); the probe reads that layout and the hand-over writes it, into
-    the sequence's own stream, beside a short request in the next one."""
+    the sequence's own stream, beside a short request in the next one. A later prompt that
+    finds the cached prefix (written into its stream from host memory) has its long tail
+    prefilled in torch, and the stream rewritten with prefix and tail."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(llamacpp_handoff, "FLOAT32_MIN_TOKENS", 0)
-        streams = LLMEngine(config(kv_streams=True, max_num_seqs=4, enable_prefix_caching=False))
+        streams = LLMEngine(config(kv_streams=True, max_num_seqs=4))
     handoff = streams.runner.handoff
     assert handoff is not None and handoff.streams == 4
     handovers.clear()  # the start-up probe's
@@ -408,4 +410,10 @@ def test_with_a_kv_stream_per_sequence_a_handed_over_prompt_decodes_as_llama_cpp
     assert len(handovers) == 1
     assert got["long"][0].token_ids == ref["long"][0].token_ids
     assert got["short"][0].token_ids[:8] == ref["short"][0].token_ids[:8]
+    tail = prompt_of(streams.tokenizer, 100, "A long follow-up question, asked with care, "
+                     "about each of the things described above, one by one? ")
+    prompt = long_ids[:-40] + tail
+    tokens, cached = _generate(streams, "second", prompt)
+    assert cached >= 512 and len(handovers) == 2
+    assert tokens == run_to_completion(own, {0: [("r", prompt, greedy())]})["r"][0].token_ids
     assert streams.scheduler.allocator.num_used == 0

@@ -3,7 +3,8 @@ sequence keeps each sequence's cells in position order, so a request's greedy an
 sampled output alone equals its output under staggered load where batch mates finish and
 are aborted (freeing cells before its older ones), with n-gram speculation on or off.
 The streams are sized from the KV budget, cap the engine's concurrency, and refuse to
-start when not even one fits. Skipped where llama-cpp-python is not installed."""
+start when not even one fits; prefix caching goes through host memory
+(test_llamacpp_stream_prefix_caching.py). Skipped where llama-cpp-python is not installed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import Completion
+from engine.runners.llamacpp_stream_cache import StreamKeeper
 from engine.runners.llamacpp_streams import kv_streams
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
@@ -112,14 +114,14 @@ def test_output_alone_equals_output_under_load_with_speculation_on_or_off(
         assert eng.scheduler.allocator.num_used == 0
 
 
-def test_one_stream_per_sequence_caps_concurrency_and_switches_prefix_caching_off(engine):
+def test_one_stream_per_sequence_caps_concurrency_and_caches_prefixes_in_host_memory(engine):
     runner = engine.runner
     lc = runner.llama_cpp  # type: ignore[attr-defined]
     assert lc.llama_n_ctx_seq(runner.ctx) == 256  # type: ignore[attr-defined]
     assert lc.llama_n_ctx(runner.ctx) == STREAMS * 256  # type: ignore[attr-defined]
     assert engine.config.max_num_seqs == engine.scheduler.max_num_seqs == STREAMS  # not 16
     assert runner.num_blocks * engine.config.block_size == STREAMS * 256
-    assert not engine.info.prefix_caching and runner.block_keeper is None
+    assert engine.info.prefix_caching and isinstance(runner.block_keeper, StreamKeeper)
 
 
 def test_streams_hold_a_whole_sequence_each_and_none_fitting_is_refused_at_start():
@@ -173,7 +175,7 @@ def test_kv_streams_alone_gives_a_stream_per_sequence_with_512_token_ubatches_an
     runner = eng.runner
     lc = runner.llama_cpp  # type: ignore[attr-defined]
     assert lc.llama_n_ctx_seq(runner.ctx) == 256  # type: ignore[attr-defined]
-    assert eng.config.max_num_seqs == STREAMS and not eng.info.prefix_caching
+    assert eng.config.max_num_seqs == STREAMS and eng.info.prefix_caching
     assert lc.llama_n_ubatch(runner.ctx) == UBATCH  # type: ignore[attr-defined]
     llm = llama_cpp.Llama(default_model_path(), n_ctx=256, n_threads=THREADS, flash_attn=True,
                           n_ubatch=UBATCH, verbose=False)  # f16 K and V
