@@ -6,7 +6,8 @@
   server runs (same attention kernel, both processes alive, rounds interleaved) and vs HF
   ``generate`` fp32;
 - 32 concurrent streaming gRPC clients vs HF static batch 32 (and, beside it, a server
-  with a KV stream per sequence, ``--kv-streams``: not a target, the lever measured);
+  with one unified KV cache, ``--no-kv-streams``, where the default gives the default
+  model a stream per sequence: not a target, the lever measured);
 - time to first token of a 1,024-, a 3,000- and a 384-token prompt vs HF (a new prompt
   each round: no prefix cache hit);
 - the first minute after SERVING vs steady state, at batch 1, each as its ratio to
@@ -56,9 +57,9 @@ from service.server import PRESTART_IDLE_S
 # 384: a mid-length prompt (a chat's history, a short document), where llama.cpp's own
 # prefill read 0.84x HF before such prompts went to the torch prefill too.
 LONG_PROMPTS = (1024, 3000, 384)
-# A second llama.cpp server for the 32-client row with a KV stream per sequence (not the
-# default: it has no prefix caching): 32 streams of 2,048 cells, 1.4 GiB on the default model.
-KV_STREAMS_FLAGS = ("--kv-streams", "--max-model-len", "2048", "--kv-cache-memory", "2GiB")
+# A second llama.cpp server for the 32-client row with one unified KV cache (the default
+# before 2026-11-28, and still a big model's), where the default model gets a stream each.
+UNIFIED_FLAGS = ("--no-kv-streams",)
 TEXT = ("The committee reviewed the quarterly figures, noting that revenue in the northern "
         "region rose while costs in logistics fell, and asked for a forecast of next year. ")
 
@@ -128,7 +129,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                                   extra=("--metrics-port", "0", "--requantize", requantize))
     serving_at = time.monotonic()
     llm = None
-    streams = None  # the --kv-streams server (llama.cpp runner only)
+    unified = None  # the --no-kv-streams server (llama.cpp runner only)
     try:
         info = model_info(address)
         if info.runner == "llamacpp" and llama_cpp_available():
@@ -154,15 +155,15 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             for name, rs in interleaved_runs(1, b1_measures()).items():
                 first.setdefault(name, []).append(rs[0])
         if info.runner == "llamacpp":
-            streams = start_server_process(
-                model, (streams_port := free_port()), RESULTS / "server-kv-streams.log",
+            unified = start_server_process(
+                model, (unified_port := free_port()), RESULTS / "server-unified-kv.log",
                 runner="auto", quiet=False,
-                extra=("--metrics-port", "0", "--requantize", requantize, *KV_STREAMS_FLAGS))
+                extra=("--metrics-port", "0", "--requantize", requantize, *UNIFIED_FLAGS))
         # Steady state: background work (compile workers) done.
         time.sleep(PRESTART_IDLE_S + 1.0)
         wait_quiet(server.proc.pid)
-        if streams is not None:
-            wait_quiet(streams.proc.pid)
+        if unified is not None:
+            wait_quiet(unified.proc.pid)
 
         def hf1() -> Row:
             with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
@@ -175,8 +176,8 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                 return hf_static(torch_engine, 32, new)
 
         m32 = {"grpc": lambda: grpc_clients(address, 32, 1, new), "hf": hf32}
-        if streams is not None:
-            m32["streams"] = lambda: grpc_clients(f"127.0.0.1:{streams_port}", 32, 1, new)
+        if unified is not None:
+            m32["unified"] = lambda: grpc_clients(f"127.0.0.1:{unified_port}", 32, 1, new)
         runs32 = interleaved_runs(1 if quick else 3, m32)
         tags = itertools.count()
         ttft: dict[int, dict[str, list[float]]] = {}
@@ -191,8 +192,8 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             ttft[n] = got
     finally:
         server.stop()
-        if streams is not None:
-            streams.stop()
+        if unified is not None:
+            unified.stop()
         if llm is not None:
             llm.close()
 
@@ -216,12 +217,12 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
     g32.ratios = {"HF static 32": paired_ratio(runs32["grpc"], runs32["hf"])}
     rows.update(hf1=hf1_row.__dict__, grpc1=g1.__dict__, first_minute=f1.__dict__,
                 hf32=hf32_row.__dict__, grpc32=g32.__dict__)
-    if "streams" in runs32:
-        s32 = median_run(runs32["streams"])
-        s32.name = f"gRPC server {' '.join(KV_STREAMS_FLAGS)}, 32 streaming clients"
-        s32.ratios = {"HF static 32": paired_ratio(runs32["streams"], runs32["hf"]),
-                      "default server": paired_ratio(runs32["streams"], runs32["grpc"])}
-        rows["grpc32_kv_streams"] = s32.__dict__
+    if "unified" in runs32:
+        u32 = median_run(runs32["unified"])
+        u32.name = f"gRPC server {' '.join(UNIFIED_FLAGS)}, 32 streaming clients"
+        u32.ratios = {"HF static 32": paired_ratio(runs32["unified"], runs32["hf"]),
+                      "default server": paired_ratio(runs32["unified"], runs32["grpc"])}
+        rows["grpc32_unified"] = u32.__dict__
     ttft_res = {str(n): {"grpc_s": statistics.median(v["grpc"]),
                          "hf_s": statistics.median(v["hf"]),
                          "ratio": statistics.median(a / b for a, b in zip(v["grpc"], v["hf"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+DEFAULT_KV_CACHE_MEMORY = 1 << 30  # bytes, where kv_cache_memory is not given
+
 
 @dataclass
 class EngineConfig:
@@ -26,9 +28,11 @@ class EngineConfig:
     # cache every row's attention walks every cell in use, its batch mates' included, so a
     # step's attention grows with the square of the sequences; with a stream each, a row
     # walks its own cells (32 sequences x 200 tokens: 1.5x the throughput). Concurrency is
-    # what --kv-cache-memory holds of whole sequences; no prefix caching
-    # (docs/llamacpp-runner.md#many-sequences-at-once-one-kv-stream-each).
-    kv_streams: bool = False
+    # what the KV budget holds of whole sequences; cached prefixes go through host memory.
+    # None = auto: streams where 32 of them fit in a quarter of the memory available (or
+    # in kv_cache_memory when given), else one unified cache (llamacpp_streams.py,
+    # docs/llamacpp-runner.md#many-sequences-at-once-one-kv-stream-each).
+    kv_streams: bool | None = None
     # llama.cpp runner: run a requantised copy of the GGUF (cached on disk): auto = Q8_0
     # for Q4_1, whose batched kernels scale worse (engine/runners/requantize.py); none =
     # the file as it is; Q8_0 / F16 = that format.
@@ -61,13 +65,16 @@ class EngineConfig:
     # 0.501 / 0.694 s against 0.190 / 0.366 / 0.559 / 0.773 s with 512; 16 clients of
     # 200-token prompts 1.58x the throughput); at 64 tokens both took 0.096 s.
     torch_prefill_tokens: int = 128
-    kv_cache_memory: int = 1 << 30  # bytes for the KV cache
+    # Bytes for the KV cache. None = 1 GiB (DEFAULT_KV_CACHE_MEMORY), or on the llama.cpp
+    # runner with KV streams what its streams take (llamacpp_streams.choose_layout).
+    kv_cache_memory: int | None = None
     block_size: int = 16  # tokens per KV block
     # Automatic prefix caching: full KV blocks found again by later prompts (both runners)
     enable_prefix_caching: bool = True
     # llama.cpp runner: host memory for cached blocks no sequence uses, moved out of
     # llama.cpp's cells (engine/runners/llamacpp_host_blocks.py); None = as much as
-    # kv_cache_memory, 0 = idle blocks stay in the cells (a few, as their cells cost steps).
+    # kv_cache_memory (1 GiB when that is not given), 0 = idle blocks stay in the cells (a
+    # few, as their cells cost steps).
     prefix_cache_host_memory: int | None = None
     dtype: str = "auto"  # auto: fp32 on CPU; on CUDA the checkpoint's half dtype (fp32 -> bf16)
     device: str = "auto"  # auto = cuda if available else cpu

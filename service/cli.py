@@ -82,7 +82,8 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "prompts longer than --long-prefill-token-threshold prefilling at once; shorter "
      "prompts queued behind the others go first"),
     ("--kv-cache-memory", "kv_cache_memory", parse_bytes,
-     "memory for the KV cache, e.g. 2GiB"),
+     "memory for the KV cache, e.g. 2GiB (default: 1 GiB; on the llama.cpp runner with a "
+     "KV stream per sequence, what its streams take)"),
     ("--block-size", "block_size", positive_int, "tokens per KV block"),
     ("--enable-prefix-caching", "enable_prefix_caching", bool,
      "reuse the KV blocks of prompt prefixes seen before (shared system prompts, chat "
@@ -90,7 +91,8 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--prefix-cache-host-memory", "prefix_cache_host_memory", parse_bytes,
      "llama.cpp runner: host memory for cached prefix blocks no request is using, moved "
      "out of llama.cpp's KV cells (which every step's attention walks) and written back on "
-     "a hit; default: as much as --kv-cache-memory; 0 = keep them in the cells (at most "
+     "a hit; default: as much as --kv-cache-memory, 1 GiB when that is not given; 0 = "
+     "keep them in the cells (at most "
      "2,048 tokens' worth, fewer under load)"),
     ("--revision", "revision", str, "a hub id's branch, tag or commit (default: main)"),
     ("--trust-remote-code", "trust_remote_code", bool,
@@ -115,9 +117,12 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "(about half the prefill speed), no prefix caching"),
     ("--kv-streams", "kv_streams", bool,
      "llama.cpp runner: one KV stream per sequence, so each row's attention reads only "
-     "its own cells (in the one shared cache it walks every sequence's: ~1.2x the "
+     "its own cells (in the one shared cache it walks every sequence's: ~1.15x the "
      "throughput at 32 sequences of 64 tokens, ~1.5x at 200); concurrency = what "
-     "--kv-cache-memory holds of whole --max-model-len sequences; no prefix caching"),
+     "--kv-cache-memory holds of whole --max-model-len sequences (default: 32 of them); "
+     "cached prefixes go through host memory. Default: auto, streams where 32 of them "
+     "fit in a quarter of the memory available (or in --kv-cache-memory when given), else "
+     "one shared cache; --no-kv-streams: one shared cache"),
     ("--requantize", "requantize", ("auto", "none", "Q8_0", "BF16", "F16"),
      "llama.cpp runner: run a copy of the GGUF requantised once (cached beside the "
      "converted weights): auto = Q8_0 for a Q4_1 file (about 2x faster prefill and "
@@ -214,7 +219,9 @@ _SPEC_FLAGS: Flags = (  # SpeculativeConfig (and --spec-off-by-default)
 def _add_flags(p: argparse.ArgumentParser, defaults: object, flags: Flags) -> None:
     for flag, field, kind, help_ in flags:
         default = getattr(defaults, field)
-        how = ({"action": argparse.BooleanOptionalAction if default else "store_true"}
+        # a switch on by default, or auto (None), can be turned off: --no-...
+        how = ({"action": argparse.BooleanOptionalAction if default is not False
+                else "store_true"}
                if kind is bool else
                {"choices": kind} if isinstance(kind, tuple) else {"type": kind})
         p.add_argument(flag, default=default, help=help_, **how)

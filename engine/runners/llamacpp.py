@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from engine.adapters import AdapterError, LoraAdapter
-from engine.config import EngineConfig
+from engine.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from engine.kv_cache import BlockKeeper
 from engine.loading.model_loader import (
     ModelSource,
@@ -79,7 +79,7 @@ from engine.runners.llamacpp_host_blocks import (
 from engine.runners.llamacpp_lora import AdapterSlots, BaseModel
 from engine.runners.llamacpp_prefix import CellKeeper
 from engine.runners.llamacpp_stream_cache import StreamKeeper
-from engine.runners.llamacpp_streams import kv_streams, streams_flag
+from engine.runners.llamacpp_streams import choose_layout
 from engine.runners.requantize import cpu_has_bf16_gemm, requantize, target_format
 
 log = logging.getLogger(__name__)
@@ -323,19 +323,20 @@ class LlamaCppRunner:
         if config.max_num_seqs > LLAMA_MAX_SEQ:
             raise ValueError(f"the llama.cpp runner holds at most {LLAMA_MAX_SEQ} "
                              f"sequences; --max-num-seqs is {config.max_num_seqs}")
-        # --kv-streams / --batch-invariant: one KV stream per sequence
-        # (llamacpp_streams.py); the engine runs at most as many sequences as there are
-        # streams.
-        flag = streams_flag(config)
-        self.streams = kv_streams(config.kv_cache_memory, self.max_model_len,
-                                  bytes_per_cell, config.max_num_seqs, flag) if flag else None
+        # One KV stream per sequence (--kv-streams, --batch-invariant, and auto where they
+        # fit: llamacpp_streams.py) or one unified cache; the engine runs at most as many
+        # sequences as there are streams.
+        layout = choose_layout(config, self.max_model_len, bytes_per_cell,
+                               available_memory())
+        self.kv_layout = layout
+        self.streams = layout.streams
         self.max_num_seqs = self.streams.count if self.streams else config.max_num_seqs
         if self.streams:
             self.num_blocks = self.streams.n_ctx // config.block_size
         else:
-            self.num_blocks = config.kv_cache_memory // bytes_per_block
+            self.num_blocks = layout.budget // bytes_per_block
         if self.num_blocks < 2:
-            raise ValueError(f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer "
+            raise ValueError(f"kv_cache_memory={layout.budget} bytes holds fewer "
                              f"than 2 blocks ({bytes_per_block} bytes each)")
         self.n_batch = config.step_token_budget() + config.max_num_seqs
         cparams = llama_cpp.llama_context_default_params()
@@ -350,8 +351,9 @@ class LlamaCppRunner:
         # cached KV goes by value through host memory instead (llamacpp_stream_cache.py):
         # seq_cp shares cells within one stream only.
         n_seq_max = min(LLAMA_MAX_SEQ, cparams.n_ctx, cparams.n_batch)
-        host_memory = config.kv_cache_memory if config.prefix_cache_host_memory is None \
-            else config.prefix_cache_host_memory
+        host_memory = config.prefix_cache_host_memory
+        if host_memory is None:  # as much as the KV budget given, else 1 GiB
+            host_memory = config.kv_cache_memory or DEFAULT_KV_CACHE_MEMORY
         if self.streams is None:
             caching = config.enable_prefix_caching and n_seq_max > config.max_num_seqs
         else:
@@ -385,13 +387,13 @@ class LlamaCppRunner:
         self.supports_prefix_caching = self._kept is not None
         self.block_keeper: BlockKeeper | None = self._kept
         if self.streams:
-            log.info("%s: one KV stream per sequence, %d streams of %d cells "
-                     "(%.0f MiB each: K f16, V %s)%s%s", flag,
+            log.info("llama.cpp runner: one KV stream per sequence (%s), %d streams of "
+                     "%d cells (%.0f MiB each: K f16, V %s)%s%s", layout.why,
                      self.streams.count, self.streams.cells,
                      self.streams.cells * bytes_per_cell / 2**20,
                      "bf16" if config.batch_invariant else "f16",
                      f"; --max-num-seqs {config.max_num_seqs} lowered to {self.max_num_seqs}"
-                     f" (what --kv-cache-memory holds)"
+                     f" (what the KV budget holds)"
                      if self.max_num_seqs < config.max_num_seqs else "",
                      "" if KV_STREAMS else " (KV_STREAMS off: in one unified cache)")
             if isinstance(self._kept, StreamKeeper):
@@ -403,7 +405,7 @@ class LlamaCppRunner:
             elif config.enable_prefix_caching and not caching:
                 log.info("llama.cpp runner: prefix caching off under %s: with a KV stream "
                          "per sequence cached blocks live in host memory, and "
-                         "--prefix-cache-host-memory holds none", flag)
+                         "--prefix-cache-host-memory holds none", layout.why)
         elif isinstance(self._kept, CellKeeper):
             host = self._kept.host
             log.info("llama.cpp runner: prefix caching keeps cached cells in %d spare "
@@ -447,8 +449,9 @@ class LlamaCppRunner:
                       "--batch-invariant)", cparams.n_ctx,
                  self.num_blocks, config.block_size,
                  self.num_blocks * bytes_per_block / 2**20, self.max_num_seqs,
-                 "" if self.streams else ", one unified cache (each row attends over every "
-                 "sequence's cells; --kv-streams: a stream each, for many at once)")
+                 "" if self.streams else f", one unified cache ({layout.why}; each row "
+                 "attends over every sequence's cells; --kv-streams: a stream each, for "
+                 "many at once)")
 
     def _cell_keeper(self, config: EngineConfig, n_seq_max: int,
                      bytes_per_block: int, host_memory: int) -> CellKeeper:

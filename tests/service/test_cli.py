@@ -120,10 +120,11 @@ def test_runner_and_threads_flags_reach_the_engine_config(monkeypatch):
 def test_llama_cpp_speed_flags_default_to_fast_and_reach_the_engine_config(monkeypatch):
     default = _served_config(monkeypatch, []).engine
     assert not default.batch_invariant and default.requantize == "auto"
-    assert not default.kv_streams
+    assert default.kv_streams is None and default.kv_cache_memory is None  # auto
     config = _served_config(monkeypatch, ["--batch-invariant", "--requantize", "none"]).engine
     assert config.batch_invariant and config.requantize == "none"
-    assert _served_config(monkeypatch, ["--kv-streams"]).engine.kv_streams
+    assert _served_config(monkeypatch, ["--kv-streams"]).engine.kv_streams is True
+    assert _served_config(monkeypatch, ["--no-kv-streams"]).engine.kv_streams is False
 
 
 def test_serve_shortens_openmp_spin_for_the_llama_cpp_runner(monkeypatch):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from engine.adapters import AdapterError, LoraAdapter
-from engine.config import EngineConfig
+from engine.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from engine.kv_cache import BlockKeeper
 from engine.loading.model_loader import (
     config_dtype,
@@ -115,11 +115,13 @@ class ModelRunner:
         self.block_size = config.block_size
         spec = KVCacheSpec(text_cfg.num_hidden_layers, n_kv, head_dim, config.block_size,
                            self.dtype)
+        budget = DEFAULT_KV_CACHE_MEMORY if config.kv_cache_memory is None \
+            else config.kv_cache_memory
         if num_blocks is None:
-            num_blocks = config.kv_cache_memory // spec.bytes_per_block
+            num_blocks = budget // spec.bytes_per_block
         if num_blocks < 2:
             raise ValueError(
-                f"kv_cache_memory={config.kv_cache_memory} bytes holds fewer than 2 blocks "
+                f"kv_cache_memory={budget} bytes holds fewer than 2 blocks "
                 f"({spec.bytes_per_block} bytes each)"
             )
         # One block more than the scheduler hands out: the scratch block that padded rows of
