@@ -67,14 +67,17 @@ def streams_flag(config: EngineConfig) -> str | None:
 
 
 def choose_layout(config: EngineConfig, max_model_len: int, bytes_per_cell: int,
-                  available: int | None) -> KvLayout:
+                  available: int | None, sliding_window: bool = False) -> KvLayout:
     """A stream per sequence where asked for (sized to ``--kv-cache-memory``, by default
     to ``min(--max-num-seqs, AUTO_STREAMS)`` streams); one unified cache where
     ``--no-kv-streams``; and by default (auto), streams where ``AUTO_STREAMS`` of them fit
     in ``--kv-cache-memory`` when it is given, else in a quarter of the memory available
     (a small model: the default one's 32 streams of 4,096 cells take 2.8 GiB), else one
     unified cache in ``--kv-cache-memory`` or 1 GiB (a big model's streams would take
-    too much: 32 x 4,096 cells of an 8B Llama are 16 GiB)."""
+    too much: 32 x 4,096 cells of an 8B Llama are 16 GiB). Auto keeps a sliding-window
+    model in one unified cache too: with streams its prefix cache would go through host
+    memory as sequence states, which its second (window) cache makes unreadable, and prefix
+    caching is on by default."""
     given = config.kv_cache_memory
     cells = padded(max_model_len)
     want = min(config.max_num_seqs, AUTO_STREAMS)
@@ -87,6 +90,9 @@ def choose_layout(config: EngineConfig, max_model_len: int, bytes_per_cell: int,
     unified = given if given is not None else DEFAULT_KV_CACHE_MEMORY
     if config.kv_streams is False:
         return KvLayout(None, unified, "--no-kv-streams")
+    if sliding_window:
+        return KvLayout(None, unified, "auto: a sliding-window model, whose prefix cache "
+                        "needs the one cache")
     room = given if given is not None else (
         AUTO_MEMORY_UNKNOWN if available is None else int(available * AUTO_MEMORY_SHARE))
     what = (f"{want} streams of {cells} cells take {need / 2**30:.1f} GiB, "

@@ -14,8 +14,9 @@ GIB = 1 << 30
 
 
 def layout(available: int | None = 20 * GIB, cell: int = SMALL, max_model_len: int = 4096,
-           **kw):
-    return choose_layout(EngineConfig(model="default", **kw), max_model_len, cell, available)
+           sliding_window: bool = False, **kw):
+    return choose_layout(EngineConfig(model="default", **kw), max_model_len, cell, available,
+                         sliding_window)
 
 
 def test_auto_gives_a_small_model_32_streams_sized_to_what_they_take():
@@ -32,6 +33,12 @@ def test_auto_keeps_one_unified_cache_where_the_streams_would_take_too_much():
         assert got.streams is None and got.budget == DEFAULT_KV_CACHE_MEMORY
         assert "more than" in got.why
     assert layout(available=None).streams == KvStreams(32, 4096)  # 2.8 of at most 4 GiB
+
+
+def test_auto_keeps_a_sliding_window_model_in_one_cache_for_its_prefix_cache():
+    got = layout(sliding_window=True)
+    assert got.streams is None and "sliding-window" in got.why
+    assert layout(sliding_window=True, kv_streams=True).streams == KvStreams(32, 4096)
 
 
 def test_a_given_budget_holds_the_streams_or_one_unified_cache():

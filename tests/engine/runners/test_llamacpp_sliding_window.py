@@ -48,8 +48,13 @@ def gemma2(tmp_path_factory, tokenizer) -> tuple[Any, Path]:
     return model, path
 
 
+@pytest.mark.parametrize("streams", [False, True], ids=["unified", "kv-streams"])
 def test_cache_hits_inside_and_past_the_window_serve_transformers_greedy_output(
-        gemma2, tokenizer):
+        gemma2, tokenizer, streams):
+    """Also with a KV stream per sequence (--kv-streams; auto keeps such a model in one
+    cache), where cached blocks would go through host memory as sequence states that then
+    hold the second cache too: the runner's probe finds that layout and turns prefix
+    caching off, and the output stays transformers'."""
     model, path = gemma2
     base = tokenizer("Note: " + "the quick brown fox jumps over the lazy dog and then it "
                      "sleeps " * 20)["input_ids"]
@@ -57,7 +62,11 @@ def test_cache_hits_inside_and_past_the_window_serve_transformers_greedy_output(
                "b": base[:48] + tokenizer(" a different ending about cats")["input_ids"],
                "c": base[:100], "a again": base[:60], "d": base[:33]}
     engine = LLMEngine(EngineConfig(model=str(path), runner="llamacpp", threads=1,
-                                    kv_cache_memory=8 << 20, torch_prefill_tokens=0))
+                                    kv_cache_memory=None if not streams else 8 << 20,
+                                    torch_prefill_tokens=0, prefix_cache_host_memory=8 << 20,
+                                    kv_streams=True if streams else None, max_model_len=256))
+    assert (engine.runner.streams is not None) == streams  # type: ignore[attr-defined]
+    assert engine.info.prefix_caching != streams
     cached = {}
     for rid, ids in prompts.items():
         engine.add_request(rid, ids, SamplingParams(max_new_tokens=NEW, min_new_tokens=NEW))
@@ -71,4 +80,7 @@ def test_cache_hits_inside_and_past_the_window_serve_transformers_greedy_output(
         want = model.generate(torch.tensor([ids]), max_new_tokens=NEW, min_new_tokens=NEW,
                               do_sample=False)[0, len(ids):].tolist()
         assert out == want, rid
-    assert cached["a"] == 0 and all(cached[r] >= 32 for r in ("b", "c", "a again", "d"))
+    if streams:
+        assert not any(cached.values())
+    else:
+        assert cached["a"] == 0 and all(cached[r] >= 32 for r in ("b", "c", "a again", "d"))
