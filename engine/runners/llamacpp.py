@@ -329,7 +329,6 @@ class LlamaCppRunner:
         layout = choose_layout(config, self.max_model_len, bytes_per_cell,
                                available_memory(),
                                sliding_window=llama_cpp.llama_model_n_swa(self.model) > 0)
-        self.kv_layout = layout
         self.streams = layout.streams
         self.max_num_seqs = self.streams.count if self.streams else config.max_num_seqs
         if self.streams:
