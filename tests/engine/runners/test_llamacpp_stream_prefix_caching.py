@@ -20,7 +20,12 @@ from engine.runners.llamacpp_stream_cache import StreamKeeper
 from engine.runners.select import llama_cpp_available
 from engine.sampling_params import SamplingParams
 from tests.engine.runners.test_llamacpp_kv_streams import CELL, run
-from tests.engine.runners.test_llamacpp_prefix_caching import QUESTIONS, SYSTEM, generate
+from tests.engine.runners.test_llamacpp_prefix_caching import (
+    QUESTIONS,
+    SYSTEM,
+    _hashes,
+    generate,
+)
 from tests.engine.runners.test_llamacpp_runner import THREADS, config
 
 pytestmark = [pytest.mark.skipif(not llama_cpp_available(),
@@ -186,13 +191,3 @@ def test_n_samples_prefill_once_and_an_aborted_sharer_leaves_the_blocks_cached(e
     for b in blocks:
         assert all(np.array_equal(a, c) for a, c in zip(kept.host.rows(b), rows[b],
                                                         strict=True))
-
-
-def _hashes(engine: LLMEngine, ids: list[int]) -> list[bytes]:
-    from engine.kv_cache import block_hash, root_hash
-
-    bs, parent, out = engine.config.block_size, root_hash(), []
-    for i in range((len(ids) - 1) // bs):
-        parent = block_hash(parent, ids[i * bs:(i + 1) * bs])
-        out.append(parent)
-    return out
