@@ -84,14 +84,21 @@ def test_a_prompt_cached_but_for_its_last_token_starts_from_the_cached_cells(eng
     assert cached == bs and again == first == llama(ids, 4)
 
 
-def test_a_chat_turn_reuses_the_previous_turns_prompt_and_answer(engine, llama):
-    bs = engine.config.block_size
-    turn1 = list(engine.tokenizer.apply_chat_template(
+def chat_turns(eng: LLMEngine) -> tuple[list[int], list[int], list[int]]:
+    """A chat's first turn, its greedy 20-token answer (run alone), and the second turn
+    that resends both."""
+    turn1 = list(eng.tokenizer.apply_chat_template(
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}],
         add_generation_prompt=True, tokenize=True)["input_ids"])
-    answer, _ = generate(engine, "t1", turn1, 20)
-    turn2 = turn1 + answer + engine.tokenizer("<|im_end|>\n<|im_start|>user\nThanks!"
-                                              "<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    answer, _ = generate(eng, "t1", turn1, 20)
+    turn2 = turn1 + answer + eng.tokenizer("<|im_end|>\n<|im_start|>user\nThanks!"
+                                           "<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    return turn1, answer, turn2
+
+
+def test_a_chat_turn_reuses_the_previous_turns_prompt_and_answer(engine, llama):
+    bs = engine.config.block_size
+    turn1, answer, turn2 = chat_turns(engine)
     tokens, cached = generate(engine, "t2", turn2)
     # every computed token of the first turn: its prompt and its answer but the last token
     # (sampled, never fed back); its full blocks, then its kept partial last block

@@ -24,6 +24,7 @@ from tests.engine.runners.test_llamacpp_prefix_caching import (
     QUESTIONS,
     SYSTEM,
     _hashes,
+    chat_turns,
     generate,
 )
 from tests.engine.runners.test_llamacpp_runner import THREADS, config
@@ -96,12 +97,7 @@ def test_a_chat_turn_gets_the_previous_turns_prompt_and_answer_in_one_write(engi
     KV was computed a token at a time in both, where a fresh prefill of the whole second
     turn gets logits a few hundredths apart (a near tie here: 0.08)."""
     bs = engine.config.block_size
-    turn1 = list(engine.tokenizer.apply_chat_template(
-        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}],
-        add_generation_prompt=True, tokenize=True)["input_ids"])
-    answer, _ = generate(engine, "t1", turn1, 20)
-    turn2 = turn1 + answer + engine.tokenizer("<|im_end|>\n<|im_start|>user\nThanks!"
-                                              "<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    turn1, answer, turn2 = chat_turns(engine)
     writes: list[int] = []
     host = engine.runner.block_keeper.host
     real = host.write_into
