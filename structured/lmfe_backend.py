@@ -45,7 +45,15 @@ from structured.spec import COMPACT, LM_FORMAT_ENFORCER, SINGLE, StructuredSpec
 
 def build_tokenizer_data(tokenizer, vocab_size: int, eos_token_ids: list[int]
                          ) -> TokenEnforcerTokenizerData:
-    """(id, text as it reads after another token, starts-a-word) for every regular token."""
+    """(id, text as it reads after another token, starts-a-word) for every regular token
+    that spells whole characters.
+
+    A byte piece of a character (``\ufffd`` when decoded alone, e.g. the first bytes of an
+    emoji) is left out. lmfe reads it as a U+FFFD character the parser accepts inside a
+    string; once the pieces join, the joined character is new to the parser, lmfe swaps in
+    a ``ForceStopParser``, and that allows EOS mid-JSON: the default model finished
+    ``{"tags":["🌱`` that way. Without the pieces such a character cannot be written at all,
+    which is what ``TokenTexts`` already tells the user of a spec that needs one."""
     special = set(tokenizer.all_special_ids)
     zero = tokenizer.encode("0", add_special_tokens=False)[-1]
     regular = []
@@ -53,6 +61,8 @@ def build_tokenizer_data(tokenizer, vocab_size: int, eos_token_ids: list[int]
         if tid in special:
             continue
         after_zero = tokenizer.decode([zero, tid])[1:]
+        if "\ufffd" in after_zero:
+            continue
         alone = tokenizer.decode([tid])
         regular.append((tid, after_zero, len(after_zero) > len(alone)))
 
@@ -104,7 +114,7 @@ class TokenTexts:
     is refused up front instead of failing on its first token."""
 
     def __init__(self, data: TokenEnforcerTokenizerData) -> None:
-        texts = {text for _, text, _ in data.regular_tokens if "\ufffd" not in text}
+        texts = {text for _, text, _ in data.regular_tokens}
         self.texts = texts
         self.longest = max(map(len, texts), default=1)
         self.starts = {text[0] for text in texts if text}

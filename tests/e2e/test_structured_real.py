@@ -64,7 +64,8 @@ def test_lmfe_refuses_schemas_it_cannot_enforce_naming_the_keyword(structured_ou
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_json_schema_suite_outputs_validate(real_engine, structured_outputs, backend):
+def test_json_schema_suite_outputs_validate(default_engine, structured_outputs, backend):
+    real_engine = default_engine
     suite = suite_for(backend)
     arrivals = {0: []}
     for name, schema, what in suite:
@@ -89,7 +90,8 @@ def test_json_schema_suite_outputs_validate(real_engine, structured_outputs, bac
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_regex_choice_and_json_object(real_engine, structured_outputs, backend):
+def test_regex_choice_and_json_object(default_engine, structured_outputs, backend):
+    real_engine = default_engine
     cases = [
         ("regex_phone", StructuredSpec("regex", r"\(\d{3}\) \d{3}-\d{4}", backend),
          "Write a US phone number.", lambda t: re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", t)),
@@ -112,7 +114,8 @@ def test_regex_choice_and_json_object(real_engine, structured_outputs, backend):
 
 
 @pytest.mark.parametrize("backend", [LLGUIDANCE, XGRAMMAR])
-def test_ebnf_grammar(real_engine, structured_outputs, backend):
+def test_ebnf_grammar(default_engine, structured_outputs, backend):
+    real_engine = default_engine
     grammar = r'''
 root ::= greeting " " name "!"
 greeting ::= "Hello" | "Hi" | "Good morning"

@@ -234,3 +234,29 @@ def test_non_ascii_text_that_tokens_spell_whole_is_served(backend, tokenizer):
     tokens = tokenizer.encode("naïve café", add_special_tokens=False)
     assert grammar.accept_tokens(tokens + [tokenizer.eos_token_id])
     assert grammar.is_terminated()
+
+
+def test_a_characters_byte_pieces_are_never_allowed_so_eos_cannot_cut_a_string(backend,
+                                                                              tokenizer):
+    """lmfe reads a byte piece as U+FFFD inside a string; when the pieces joined into an
+    emoji, its parser fell back to a force stop that allowed EOS, and the real model
+    finished ``{"tags":["🌱`` with EOS. The pieces are out of every mask now."""
+    spec = StructuredSpec("json_schema", json.dumps({
+        "type": "object", "required": ["tags"], "properties": {
+            "tags": {"type": "array", "items": {"type": S}, "minItems": 1}}}),
+        LM_FORMAT_ENFORCER)
+    compiled = backend.compile(spec)
+    grammar = _walk(backend, compiled, tokenizer.encode('{"tags": ["',
+                                                        add_special_tokens=False))
+    bitmask = torch.zeros(1, (compiled.vocab_size + 31) // 32, dtype=torch.int32)
+    grammar.fill_bitmask(bitmask, 0)
+    allowed = allowed_ids(bitmask[0])
+    assert len(allowed) > 1000  # free text inside the string
+    assert not [t for t in allowed if "\ufffd" in tokenizer.decode([int(t)])]
+    pieces = tokenizer.encode("🌱", add_special_tokens=False)
+    assert "\ufffd" in tokenizer.decode(pieces[:1])  # the emoji is byte pieces here
+    assert grammar.validate_tokens(pieces) == 0
+    eos = backend.eos_token_ids[0]
+    assert grammar.validate_tokens([eos]) == 0
+    assert grammar.accept_tokens(tokenizer.encode('ok"]}', add_special_tokens=False))
+    assert grammar.validate_tokens([eos]) == 1
