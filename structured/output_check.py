@@ -1,8 +1,9 @@
 """The last line of defence for JSON schemas a backend enforces only in part.
 
-llguidance's lenient build ignores keywords it cannot enforce, and xgrammar is looser than
-the schema in a few corners (``minLength`` beside ``pattern``, overlapping ``oneOf``):
-their finished outputs are validated once, here, and a failure is reported as such.
+llguidance's lenient build ignores keywords it cannot enforce, xgrammar is looser than
+the schema in a few corners (``minLength`` beside ``pattern``, overlapping ``oneOf``), and
+lm-format-enforcer's parser fallback once allowed EOS mid-string: every backend's finished
+outputs are validated once, here, and a failure is reported as such.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import xgrammar as xgr
 from engine.logits_process import RequestSpecError
 from structured.grammar import CompiledGrammar, Grammar, bitmask_words
 from structured.output_check import OutputCheck, schema_checker
-from structured.spec import LM_FORMAT_ENFORCER, StructuredSpec
+from structured.spec import StructuredSpec
 
 _T = TypeVar("_T")
 
@@ -119,10 +119,11 @@ class GrammarFactory:
     @classmethod
     def for_spec(cls, compiled: CompiledGrammar, vocab_size: int, backend: str,
                  spec: StructuredSpec, lenient_ignored: list[str]) -> GrammarFactory:
-        """A JSON schema's outputs are checked against it, unless lm-format-enforcer
-        enforces it (it refuses the keywords it would not enforce)."""
+        """A JSON schema's outputs are checked against it, whichever backend enforces it:
+        lm-format-enforcer refuses the keywords it would not enforce, yet its fallback once
+        let EOS end an unfinished string (see ``lmfe_backend.build_tokenizer_data``)."""
         check = None
-        if spec.kind == "json_schema" and backend != LM_FORMAT_ENFORCER:
+        if spec.kind == "json_schema":
             check = schema_checker(spec, backend, lenient_ignored)
         return cls(compiled, vocab_size, backend, check, lenient=bool(lenient_ignored),
                    kind=spec.kind)

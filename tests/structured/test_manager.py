@@ -175,3 +175,12 @@ def _cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def test_lm_format_enforcer_output_is_validated_against_the_schema_too(outputs):
+    """Its parser's fallback once let EOS end an unfinished string: whatever a backend
+    enforces, a finished output that is not valid under the schema is reported."""
+    f = factory(outputs, StructuredSpec("json_schema", SCHEMA, backend=LM_FORMAT_ENFORCER))
+    assert f.backend == LM_FORMAT_ENFORCER and f.check_output is not None
+    assert f.check_output('{"n": 3}') is None
+    assert "not JSON" in f.check_output('{"n": ')
