@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import cast
 
+import lmformatenforcer.jsonschemaparser
 import numpy as np
 import torch
 from lmformatenforcer import JsonSchemaParser, LMFormatEnforcerException, RegexParser
@@ -41,6 +42,45 @@ from lmformatenforcer.tokenizerprefixtree import TokenizerPrefixTreeNode
 
 from structured.grammar import bitmask_words
 from structured.spec import COMPACT, LM_FORMAT_ENFORCER, SINGLE, StructuredSpec
+
+
+class ObjectAfterComma(ObjectParsingState):
+    """lmfe's object state, less the trailing comma it allows.
+
+    lm-format-enforcer 0.11.3 (the latest) puts an object back into the stage it starts in
+    after '{' when it reads ',', and there '}' may close it: ``{"a": 1,}``, which is not
+    JSON, and the default model wrote it under ``json_object``. This state remembers the
+    comma and offers no '}' until a key follows. It replaces lmfe's class in lmfe's own
+    module (its ``get_parser`` builds every object state there), so lmfe's
+    ``TokenEnforcer`` and this backend walk the same fixed parser."""
+
+    after_comma: bool = False
+
+    def clone(self) -> ObjectAfterComma:
+        clone = ObjectAfterComma(self.schema_object, self.root)
+        clone.current_stage = self.current_stage
+        clone.existing_keys = self.existing_keys[:]
+        clone.current_key = self.current_key
+        clone.is_dictionary = self.is_dictionary
+        clone.after_comma = self.after_comma
+        return clone
+
+    def add_character(self, new_character: str) -> CharacterLevelParser:
+        new = super().add_character(new_character)
+        if new is not self:  # not whitespace: a clone, its stage moved on
+            cast(ObjectAfterComma, new).after_comma = new_character == "," and \
+                cast(ObjectAfterComma, new).current_stage is _KEY_OR_END
+        return new
+
+    def get_allowed_characters(self) -> str:
+        allowed = super().get_allowed_characters()
+        if self.after_comma and self.current_stage is _KEY_OR_END:
+            allowed = allowed.replace("}", "")
+        return allowed
+
+
+_KEY_OR_END = ObjectParsingStage.PARSING_KEY_OR_END
+lmformatenforcer.jsonschemaparser.ObjectParsingState = ObjectAfterComma  # type: ignore[misc]
 
 
 def build_tokenizer_data(tokenizer, vocab_size: int, eos_token_ids: list[int]
@@ -274,13 +314,14 @@ def _signature(p: CharacterLevelParser, abstract: bool) -> Hashable:
         return ("str", allowed, s.require_opening_quote, s.require_closing_quote,
                 s.seen_opening_quote, s.seen_closing_quote, s.min_length, s.max_length,
                 s.pattern, regex, content)
-    if t is ObjectParsingState:
-        o = cast(ObjectParsingState, p)
+    if t is ObjectAfterComma:
+        o = cast(ObjectAfterComma, p)
         # existing_keys of a dictionary matter only against its required keys
         keys = None if abstract and o.is_dictionary and not (o.schema_object.required or []) \
             else tuple(o.existing_keys)
         # current_key is only ever copied, never read, once the value starts
-        return ("obj", _Same(o.schema_object), o.current_stage, keys, o.is_dictionary)
+        return ("obj", _Same(o.schema_object), o.current_stage, keys, o.is_dictionary,
+                o.after_comma)
     if t is NumberParsingState:
         n = cast(NumberParsingState, p)
         return ("num", n.allow_floating_point, n.parsed_string, n.seen_decimal_point,
@@ -307,8 +348,8 @@ def _signature(p: CharacterLevelParser, abstract: bool) -> Hashable:
 def _in_key_mode(parsers: Sequence[CharacterLevelParser]) -> bool:
     for p in parsers:
         t = type(p)
-        if t is ObjectParsingState:
-            if cast(ObjectParsingState, p).current_stage is _KEY_VALUE_SEPARATOR:
+        if t is ObjectAfterComma:
+            if cast(ObjectAfterComma, p).current_stage is _KEY_VALUE_SEPARATOR:
                 return True
         elif (t is UnionParser or t is SequenceParser) \
                 and _in_key_mode(cast(UnionParser, p).parsers):

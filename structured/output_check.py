@@ -46,3 +46,19 @@ def schema_checker(spec: StructuredSpec, backend: str, ignored: list[str]) -> Ou
                 f"grammar by {how}")
 
     return check
+
+
+def object_checker(backend: str) -> OutputCheck:
+    """``check(text)`` for ``json_object``: None if ``text`` is one JSON object."""
+
+    def check(text: str) -> str | None:
+        try:
+            instance = json.loads(text)
+        except json.JSONDecodeError as e:
+            return f"structured_output: the output is not JSON ({e}); grammar by {backend}"
+        if not isinstance(instance, dict):
+            return (f"structured_output: the output is JSON but not an object; grammar by "
+                    f"{backend}")
+        return None
+
+    return check

@@ -17,7 +17,7 @@ import xgrammar as xgr
 
 from engine.logits_process import RequestSpecError
 from structured.grammar import CompiledGrammar, Grammar, bitmask_words
-from structured.output_check import OutputCheck, schema_checker
+from structured.output_check import OutputCheck, object_checker, schema_checker
 from structured.spec import StructuredSpec
 
 _T = TypeVar("_T")
@@ -119,12 +119,15 @@ class GrammarFactory:
     @classmethod
     def for_spec(cls, compiled: CompiledGrammar, vocab_size: int, backend: str,
                  spec: StructuredSpec, lenient_ignored: list[str]) -> GrammarFactory:
-        """A JSON schema's outputs are checked against it, whichever backend enforces it:
-        lm-format-enforcer refuses the keywords it would not enforce, yet its fallback once
-        let EOS end an unfinished string (see ``lmfe_backend.build_tokenizer_data``)."""
+        """A JSON schema's outputs are checked against it, and a JSON object's for being
+        one, whichever backend enforces it: lm-format-enforcer refuses the keywords it would
+        not enforce, yet its fallback once let EOS end an unfinished string and its objects
+        took a trailing comma (see ``lmfe_backend``)."""
         check = None
         if spec.kind == "json_schema":
             check = schema_checker(spec, backend, lenient_ignored)
+        elif spec.kind == "json_object":
+            check = object_checker(backend)
         return cls(compiled, vocab_size, backend, check, lenient=bool(lenient_ignored),
                    kind=spec.kind)
 

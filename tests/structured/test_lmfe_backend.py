@@ -260,3 +260,28 @@ def test_a_characters_byte_pieces_are_never_allowed_so_eos_cannot_cut_a_string(b
     assert grammar.validate_tokens([eos]) == 0
     assert grammar.accept_tokens(tokenizer.encode('ok"]}', add_special_tokens=False))
     assert grammar.validate_tokens([eos]) == 1
+
+
+@pytest.mark.parametrize("kind,schema", [
+    ("json_object", None),
+    ("json_schema", {"type": "object", "properties": {"a": {"type": I}, "b": {"type": I}}}),
+    ("json_schema", {"type": "object", "additionalProperties": {"type": I}}),
+], ids=["json_object", "optional_keys", "dictionary"])
+def test_an_object_takes_no_closing_brace_after_a_comma(backend, tokenizer, kind, schema):
+    """lmfe 0.11.3 lets '}' follow ',' in an object (``{"a": 1,}``, not JSON): the
+    default model wrote it under json_object. A key must follow the comma."""
+    spec = StructuredSpec(kind, json.dumps(schema) if schema else "", LM_FORMAT_ENFORCER)
+    compiled = backend.compile(spec)
+    enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    grammar = _walk(backend, compiled, enc('{"a": 1,'))
+    bitmask = torch.zeros(1, (compiled.vocab_size + 31) // 32, dtype=torch.int32)
+    grammar.fill_bitmask(bitmask, 0)
+    closing = [t for t in allowed_ids(bitmask[0])
+               if tokenizer.decode([int(t)]).lstrip().startswith("}")]
+    assert not closing  # ('"}' may start a key named "}")
+    assert grammar.validate_tokens(enc("}")) == 0 and grammar.validate_tokens(enc(" }")) == 0
+    assert grammar.accept_tokens(enc(' "b": 2}'))
+    assert grammar.validate_tokens(backend.eos_token_ids) == 1
+    for text in ('{}', '{"a": 1}'):  # a brace right after '{' or a value still closes
+        g = _walk(backend, compiled, enc(text))
+        assert g.validate_tokens(backend.eos_token_ids) == 1

@@ -184,3 +184,11 @@ def test_lm_format_enforcer_output_is_validated_against_the_schema_too(outputs):
     assert f.backend == LM_FORMAT_ENFORCER and f.check_output is not None
     assert f.check_output('{"n": 3}') is None
     assert "not JSON" in f.check_output('{"n": ')
+
+
+@pytest.mark.parametrize("backend", [LLGUIDANCE, XGRAMMAR, LM_FORMAT_ENFORCER])
+def test_a_json_object_output_is_checked_for_being_one(outputs, backend):
+    f = factory(outputs, StructuredSpec("json_object", "", backend=backend))
+    assert f.check_output('{"a": [1, 2]}') is None
+    assert "not JSON" in f.check_output('{"a": 1,\n}')
+    assert "not an object" in f.check_output('[1, 2]')
