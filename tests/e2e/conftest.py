@@ -4,6 +4,8 @@ the CPU), which decodes the structured-output suites ~2x faster here."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from engine.config import EngineConfig
@@ -15,11 +17,16 @@ def real_engine() -> LLMEngine:
     return LLMEngine(EngineConfig(model="default", max_model_len=1024, runner="torch"))
 
 
-@pytest.fixture(scope="session")
-def default_engine() -> LLMEngine:
+@pytest.fixture(scope="module")
+def default_engine():
     """What ``make serve`` runs, less the torch prefill copy (the suites' prompts are
-    shorter than where it takes over on a CPU, and loading it would only cost time)."""
-    return LLMEngine(EngineConfig(model="default", max_model_len=1024, torch_prefill_tokens=0))
+    shorter than where it takes over on a CPU, and loading it would only cost time).
+    Per module and closed after it: a worker keeps session fixtures to its end, and two
+    workers' engines beside a server test's processes once ran this machine out of memory."""
+    engine = LLMEngine(EngineConfig(model="default", max_model_len=1024, torch_prefill_tokens=0))
+    yield engine
+    del engine
+    gc.collect()  # the llama.cpp context is freed with its runner
 
 
 @pytest.fixture(scope="session")
