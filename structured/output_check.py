@@ -18,6 +18,14 @@ from structured.spec import StructuredSpec
 OutputCheck = Callable[[str], str | None]
 
 
+def _load(text: str, how: str) -> tuple[object, str | None]:
+    """(the parsed output, None), or (None, why it is not JSON)."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, f"structured_output: the output is not JSON ({e}); grammar by {how}"
+
+
 def schema_checker(spec: StructuredSpec, backend: str, ignored: list[str]) -> OutputCheck:
     """``check(text)`` -> None if ``text`` is JSON valid under the schema, else why not
     (``structured_output: ...``: the engine reports it as the sequence's error)."""
@@ -31,10 +39,9 @@ def schema_checker(spec: StructuredSpec, backend: str, ignored: list[str]) -> Ou
     how = f"{backend} (lenient: {'; '.join(ignored)})" if ignored else backend
 
     def check(text: str) -> str | None:
-        try:
-            instance = json.loads(text)
-        except json.JSONDecodeError as e:
-            return f"structured_output: the output is not JSON ({e}); grammar by {how}"
+        instance, problem = _load(text, how)
+        if problem is not None:
+            return problem
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(instance))
         except Exception:  # e.g. a remote $ref, never fetched: the grammar stands
@@ -52,10 +59,9 @@ def object_checker(backend: str) -> OutputCheck:
     """``check(text)`` for ``json_object``: None if ``text`` is one JSON object."""
 
     def check(text: str) -> str | None:
-        try:
-            instance = json.loads(text)
-        except json.JSONDecodeError as e:
-            return f"structured_output: the output is not JSON ({e}); grammar by {backend}"
+        instance, problem = _load(text, backend)
+        if problem is not None:
+            return problem
         if not isinstance(instance, dict):
             return (f"structured_output: the output is JSON but not an object; grammar by "
                     f"{backend}")
