@@ -65,17 +65,16 @@ def test_lmfe_refuses_schemas_it_cannot_enforce_naming_the_keyword(structured_ou
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_json_schema_suite_outputs_validate(default_engine, structured_outputs, backend):
-    real_engine = default_engine
     suite = suite_for(backend)
     arrivals = {0: []}
     for name, schema, what in suite:
         f = factory(structured_outputs, StructuredSpec("json_schema", json.dumps(schema),
                                                        backend))
-        prompt = chat(real_engine, f"Give {what} as JSON matching this schema: "
+        prompt = chat(default_engine, f"Give {what} as JSON matching this schema: "
                                    f"{json.dumps(schema)}")
         arrivals[0].append((name, prompt, SamplingParams(max_new_tokens=MAX_NEW,
                                                          logits_processors=[f])))
-    res = run_to_completion(real_engine, arrivals)
+    res = run_to_completion(default_engine, arrivals)
     finished, cut = 0, []
     for name, schema, _ in suite:
         c = res[name][0]
@@ -86,12 +85,11 @@ def test_json_schema_suite_outputs_validate(default_engine, structured_outputs, 
         finished += 1
         validator(schema).validate(json.loads(c.text))
     assert finished >= 0.85 * len(suite), f"only {finished}/{len(suite)} finished: {cut}"
-    assert real_engine.scheduler.allocator.num_used == 0
+    assert default_engine.scheduler.allocator.num_used == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_regex_choice_and_json_object(default_engine, structured_outputs, backend):
-    real_engine = default_engine
     cases = [
         ("regex_phone", StructuredSpec("regex", r"\(\d{3}\) \d{3}-\d{4}", backend),
          "Write a US phone number.", lambda t: re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", t)),
@@ -103,10 +101,10 @@ def test_regex_choice_and_json_object(default_engine, structured_outputs, backen
          "Reply with a JSON object with keys make and year for one car.",
          lambda t: isinstance(json.loads(t), dict)),
     ]
-    arrivals = {0: [(n, chat(real_engine, q), SamplingParams(
+    arrivals = {0: [(n, chat(default_engine, q), SamplingParams(
         max_new_tokens=MAX_NEW, logits_processors=[factory(structured_outputs, spec)]))
         for n, spec, q, _ in cases]}
-    res = run_to_completion(real_engine, arrivals)
+    res = run_to_completion(default_engine, arrivals)
     for name, _, _, check in cases:
         c = res[name][0]
         assert c.finish_reason.value == "eos", (name, c.text)
@@ -115,14 +113,13 @@ def test_regex_choice_and_json_object(default_engine, structured_outputs, backen
 
 @pytest.mark.parametrize("backend", [LLGUIDANCE, XGRAMMAR])
 def test_ebnf_grammar(default_engine, structured_outputs, backend):
-    real_engine = default_engine
     grammar = r'''
 root ::= greeting " " name "!"
 greeting ::= "Hello" | "Hi" | "Good morning"
 name ::= [A-Z] [a-z]+
 '''
     spec = StructuredSpec("grammar", grammar, backend)
-    res = run_to_completion(real_engine, {0: [("g", chat(real_engine, "Greet Alice."),
+    res = run_to_completion(default_engine, {0: [("g", chat(default_engine, "Greet Alice."),
                                                SamplingParams(max_new_tokens=30, logits_processors=[
                                                    factory(structured_outputs, spec)]))]})
     text = res["g"][0].text
