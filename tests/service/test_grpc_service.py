@@ -363,13 +363,19 @@ def test_drain_finishes_in_flight_work_and_refuses_new_calls(make_engine):
             assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
                 health_pb2.HealthCheckResponse.NOT_SERVING
         # Until new calls stop coming (at most MOVE_AWAY_MAX_S) they are served; then the
-        # GOAWAY, and the main port refuses
+        # GOAWAY, and the main port refuses. This stub does not watch health and sends back
+        # to back, so one call may meet the documented race of the GOAWAY's instant (gRPC's
+        # stop cancels a call its core has not dispatched: CANCELLED); never more than one.
         assert stub.Generate(req()).completions[0].text is not None
         refused_by = time.monotonic() + MOVE_AWAY_MAX_S + 5
+        cancelled = 0
         while True:
             try:
                 stub.Generate(req(), timeout=10)
             except grpc.RpcError as e:
+                if e.code() == Code.CANCELLED and not cancelled:
+                    cancelled += 1
+                    continue
                 assert e.code() == Code.UNAVAILABLE
                 break
             assert time.monotonic() < refused_by
