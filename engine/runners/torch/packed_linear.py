@@ -1,4 +1,5 @@
-"""fp32 linear layers on CPU through oneDNN with weights reordered once, at load.
+"""fp32 linear layers on CPU with weights packed once, at load: by the runner's own kernel
+(native_gemm.py) where it builds (x86 with AVX2/FMA), else by oneDNN.
 
 ``F.linear`` hands each call to MKL's sgemm, which repacks the weight on every call and
 handles a few rows badly: measured on this 2-core CPU (SmolLM2-135M shapes, weights not in
@@ -6,7 +7,9 @@ cache), the model's matmuls took 52 ms for 1 row, 85 ms for 2 and 104 ms for 9. 
 weights reordered once into oneDNN's blocked layout they took 37, 40 and 52 ms: a decode
 step of one sequence is faster, and the 1 + k rows of a speculative verify step, or a batch
 of decodes, cost little more than one row. The results differ from ``F.linear`` only in
-summation order (about 1e-5 relative).
+summation order (about 1e-5 relative). Both packed products give a row the same bits
+whatever the other rows (the runner's batch invariance rests on it); the native kernel also
+reads the weights at memory speed for one row, where oneDNN used ~one core's bandwidth.
 
 A packed layer's plain weight is replaced by a zero-stride placeholder of the same shape
 (so the memory is not held twice), except where the weight is shared with another module
@@ -22,11 +25,13 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 from torch import nn
 
+from engine.runners.torch import native_gemm
 from engine.runners.torch.attention import ATTN_NAME
 from engine.runners.torch.fused_linear import (
     fuse_siblings,
@@ -49,16 +54,37 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
+@dataclass
+class PackedLayer:
+    weight: torch.Tensor  # oneDNN's opaque tensor, or the native kernel's panels
+    bias: torch.Tensor | None
+    width: int  # output features (a LoRA fold's extra rows included)
+
+    def dense(self) -> torch.Tensor:
+        """The weight as ``[width, in]``."""
+        if self.weight.is_mkldnn:
+            return self.weight.to_dense()
+        return native_gemm.unpack(self.weight, self.width)
+
+
 # Packed layers by key. The compiled decode step (compiled_step.py) cannot trace an
 # opaque oneDNN tensor, so under torch.compile a layer calls the custom op below with its
 # key: one black-box call per layer in the graph, the compiled code around it.
-_LAYERS: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+_LAYERS: dict[int, PackedLayer] = {}
 _next_key = 0
 
 
 def _linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
-    packed, bias = _LAYERS[key]
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    layer = _LAYERS[key]
+    if layer.weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
+    return native_gemm.linear(x, layer.weight, layer.width, layer.bias)
+
+
+def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLayer:
+    packed = (native_gemm.pack(weight) if native_gemm.available() else
+              torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT))
+    return PackedLayer(packed, bias, int(weight.shape[0]))
 
 
 # ``out_features`` is in the call (not only behind the key) so that a compiled graph's
@@ -86,14 +112,13 @@ def packed_key(mod: nn.Module) -> int | None:
 
 def base_weight(key: int, out_features: int) -> torch.Tensor:
     """The packed layer's own weight ``[out, in]``, dense (without extra rows a fold added)."""
-    return _LAYERS[key][0].to_dense()[:out_features]
+    return _LAYERS[key].dense()[:out_features]
 
 
 def set_packed(key: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     """Pack ``weight`` (``[out + extra, in]``) for layer ``key``: LoRA folds its A into the
     layer this way (lora.py), so one GEMM gives the base output and ``x @ A``."""
-    _LAYERS[key] = (torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT),
-                    bias)
+    _LAYERS[key] = _pack(weight, bias)
 
 
 def call_packed(key: int, width: int, x: torch.Tensor) -> torch.Tensor:
@@ -118,7 +143,7 @@ def _point_members(model: nn.Module) -> None:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Reorder every ``nn.Linear`` weight of ``model`` for oneDNN; returns how many."""
+    """Pack every ``nn.Linear`` weight of ``model``; returns how many."""
     shared = _shared_weights(model)
     count = 0
     with torch.no_grad():
@@ -132,8 +157,7 @@ def pack_linears(model: nn.Module) -> int:
                 global _next_key
                 key, _next_key = _next_key, _next_key + 1
                 mod.__dict__["_genserve_key"] = key
-            packed = torch.ops.mkldnn._reorder_linear_weight(mod.weight.detach(), ROWS_HINT)
-            _LAYERS[key] = (packed, mod.bias)
+            _LAYERS[key] = _pack(mod.weight.detach(), mod.bias)
             # A plain instance attribute: nn.Module.__call__ finds it before the class's.
             # Packed again, a layer gets the very objects it had (forward, placeholder):
             # compiled graphs guard on their identity.
@@ -150,7 +174,9 @@ def pack_linears(model: nn.Module) -> int:
                 mod.weight = mod.__dict__["_genserve_placeholder"]
             count += 1
         _point_members(model)  # placeholder rows: the dense weight is not held twice
-    log.info("packed %d linear layers for oneDNN", count)
+    if count:
+        log.info("packed %d linear layers for %s", count,
+                 "the native fp32 GEMM" if native_gemm.available() else "oneDNN")
     return count
 
 
@@ -161,12 +187,12 @@ def unpack_linears(model: nn.Module) -> None:
             key = mod.__dict__.get("_genserve_key")
             if key not in _LAYERS:
                 continue
-            packed, _ = _LAYERS.pop(key)
+            packed = _LAYERS.pop(key)
             del mod.forward
             mod.__dict__.pop("_genserve_lora_folded", None)  # lora.FOLDED
             if isinstance(mod, nn.Linear) and mod.weight.stride() == (0, 0):
                 # [:out]: a layer LoRA folded into holds extra rows (lora.py)
-                mod.weight = nn.Parameter(packed.to_dense()[:mod.weight.shape[0]],
+                mod.weight = nn.Parameter(packed.dense()[:mod.weight.shape[0]],
                                           requires_grad=False)
         _point_members(model)
 

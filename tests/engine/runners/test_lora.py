@@ -198,7 +198,7 @@ def test_once_compiled_steps_are_built_an_adapter_write_keeps_each_layers_fold(
     assert run(eng, ["a1"]) == [references["a1"]]  # folds the layers a1 adapts
 
     def layout() -> dict[str, tuple[object, torch.Size]]:
-        return {name: (s.module.__dict__["forward"], _LAYERS[key][0].to_dense().shape)
+        return {name: (s.module.__dict__["forward"], _LAYERS[key].dense().shape)
                 for name, s in lora.stacks.items()
                 if (key := packed_key(s.module)) is not None}
 
