@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_gemm.cpp")
 NATIVE_DIR_ENV = "GENSERVE_NATIVE_DIR"
 PANEL = 16  # output features per packed panel (native_gemm.cpp's NR)
-FLAGS = ["-O3", "-std=c++17", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared",
+FLAGS = ["-O3", "-std=c++20", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared",
          "-D_GLIBCXX_USE_CXX11_ABI=" + str(int(torch.compiled_with_cxx11_abi()))]
 
 
