@@ -236,8 +236,9 @@ def load_torch_prefill(source: Any, threads: int, rope_pairs: bool,
     """The model from the weights cache in ``dtype``, its RoPE fixed as the runner's
     llama.cpp runs it (raises what loading raises). bf16: attention as
     ``blocked_attention``'s GEMMs. float32: SDPA and packed linears (as the torch
-    runner's: packed_linear.py), measured faster than blocked attention in float32 (1,024 tokens 2.87 s
-    against 3.05 s, 3,000 tokens 10.98 s against 12.21 s, 2-core AVX2 EPYC)."""
+    runner's: packed_linear.py), measured faster than blocked attention in float32
+    (1,024 tokens 2.87 s against 3.05 s, 3,000 tokens 10.98 s against 12.21 s, 2-core
+    AVX2 EPYC)."""
     from engine.loading.model_loader import load_model
     from engine.loading.rope_scaling import fix_rotary
     from engine.runners.blocked_attention import NAME

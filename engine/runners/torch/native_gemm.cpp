@@ -33,16 +33,16 @@ inline void tile(const float* a, int64_t lda, const float* b, int64_t K, float* 
   __m256 r[6][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   alignas(32) float tmp[NR];
   for (int i = 0; i < MR; ++i) {
-    if (bias) {
-      r[i][0] = _mm256_add_ps(r[i][0], _mm256_loadu_ps(bias));
-      r[i][1] = _mm256_add_ps(r[i][1], _mm256_loadu_ps(bias + 8));
-    }
     if (ncols == NR) {
+      if (bias) {
+        r[i][0] = _mm256_add_ps(r[i][0], _mm256_loadu_ps(bias));
+        r[i][1] = _mm256_add_ps(r[i][1], _mm256_loadu_ps(bias + 8));
+      }
       _mm256_storeu_ps(c + i * ldc, r[i][0]);
       _mm256_storeu_ps(c + i * ldc + 8, r[i][1]);
-    } else {
+    } else {  // the last panel's real features only (the bias holds no more)
       _mm256_store_ps(tmp, r[i][0]); _mm256_store_ps(tmp + 8, r[i][1]);
-      for (int64_t j = 0; j < ncols; ++j) c[i * ldc + j] = tmp[j];
+      for (int64_t j = 0; j < ncols; ++j) c[i * ldc + j] = bias ? tmp[j] + bias[j] : tmp[j];
     }
   }
 }
@@ -63,7 +63,8 @@ at::Tensor pack(const at::Tensor& weight) {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                   const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.size(-1) == packed.size(1), "linear: shapes");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.size(-1) == packed.size(1),
+              "linear: float32 input with ", packed.size(1), " features expected");
   auto a = x.reshape({-1, x.size(-1)}).contiguous();
   int64_t M = a.size(0), K = a.size(1), P = packed.size(0);
   auto sizes = x.sizes().vec();
@@ -74,8 +75,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   float* cp = out.data_ptr<float>();
   at::Tensor bias_c;
   if (bias && bias->defined()) {
-    bias_c = at::zeros({P * NR}, a.options());
-    bias_c.narrow(0, 0, N).copy_(*bias);
+    TORCH_CHECK(bias->numel() == N && bias->scalar_type() == at::kFloat, "linear: bias");
+    bias_c = bias->contiguous();
   }
   const float* biasp = bias_c.defined() ? bias_c.data_ptr<float>() : nullptr;
   // Panels split across threads; each thread runs its panels in groups that stay in L2 while
