@@ -9,6 +9,14 @@ the keys they may see (``q @ k.T``), a softmax, then ``p @ v``: the default mode
 (interleaved, the same weights; a 1,024-token prompt 1.0 s against 1.2 s), its last
 logits as close to fp32's as SDPA's (KL at most 6e-5 over six prompts, SDPA's 3e-4).
 
+In float32 (a CPU without AVX512-BF16) SDPA's flash kernel beats these GEMMs, but handed a
+chunk's mask over ``past`` cached tokens it computes and masks every score, reading the
+mask too. ``split_causal_attention`` (``SPLIT_NAME``) calls the flash kernel twice instead,
+the chunk's rows over the past unmasked and over the chunk itself with ``is_causal``, and
+merges the two by their log-sum-exps: measured here (2-core AVX2 EPYC, 9 heads of 64, 30
+layers, 512-token chunks) 3,000 tokens' attention 4.28 s against 5.01 s masked (one causal
+call over the whole prompt: 4.05 s), 1,024 tokens 0.63 against 0.68 s.
+
 Scope: batch 1, a causal mask over positions ``past .. past + L - 1`` (a prompt chunk on
 top of ``past`` cached tokens: what the torch prefill runs); anything else (a sliding
 window, soft-capping, attention sinks, padding, dropout) goes to transformers' SDPA.
@@ -21,10 +29,11 @@ from typing import Any
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "genserve_blocked_causal"
+SPLIT_NAME = "genserve_split_causal"
 ROWS = 256  # query rows a block (128 and 256 read the same here; 512 was slower)
 SCORES_BYTES = 64 * 2**20  # fewer rows where a block's scores would pass this
 # Keyword arguments Llama-like models pass that do not change what is computed here.
@@ -81,6 +90,30 @@ def blocked_causal_attention(module: Any, query: torch.Tensor, key: torch.Tensor
     return out.view(1, heads, n_q, d).transpose(1, 2).contiguous(), None
 
 
+def split_causal_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, attention_mask: torch.Tensor | None,
+                           dropout: float = 0.0, scaling: float | None = None,
+                           **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``blocked_causal_attention``'s contract, by SDPA's CPU flash kernel: the chunk over
+    its past (no mask) and over itself (causal), merged by log-sum-exp."""
+    if not _plain(module, query, key, value, dropout, kwargs) or query.device.type != "cpu":
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, **kwargs)
+    heads, n_q = query.shape[1], query.shape[2]
+    group, past = heads // key.shape[1], key.shape[2] - n_q
+    key, value = repeat_kv(key, group), repeat_kv(value, group)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(query, key[:, :, past:], value[:, :, past:], 0.0, True, scale=scaling)
+    if past:
+        old, old_lse = flash(query, key[:, :, :past], value[:, :, :past], 0.0, False,
+                             scale=scaling)
+        top = torch.maximum(lse, old_lse)
+        w_new, w_old = torch.exp(lse - top), torch.exp(old_lse - top)
+        total = w_new + w_old
+        out = out * (w_new / total).unsqueeze(-1) + old * (w_old / total).unsqueeze(-1)
+    return out.transpose(1, 2).contiguous(), None
+
+
 _kept = threading.local()
 
 
@@ -98,7 +131,9 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
 
 
 AttentionInterface.register(NAME, blocked_causal_attention)
+AttentionInterface.register(SPLIT_NAME, split_causal_attention)
 # transformers builds no mask at all for an attention name without a mask function, so
 # the sliding-window layers that go to SDPA here would see every earlier token: SDPA's
 # masks (None where a plain causal chunk allows it, which the blocked path assumes).
 AttentionMaskInterface.register(NAME, sdpa_mask)
+AttentionMaskInterface.register(SPLIT_NAME, sdpa_mask)

@@ -1,5 +1,6 @@
-"""The torch prefill's blocked causal attention: SDPA's result for a prompt chunk on top of
-cached tokens, and SDPA itself for anything but that plain case."""
+"""The torch prefill's causal attention of a prompt chunk on top of cached tokens (blocked
+GEMMs for bf16, SDPA's flash kernel split at the past for float32): SDPA's result with the
+chunk's mask, and SDPA itself for anything but that plain case."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.runners import blocked_attention
-from engine.runners.blocked_attention import blocked_causal_attention
+from engine.runners.blocked_attention import blocked_causal_attention, split_causal_attention
+
+BOTH = pytest.mark.parametrize("attention", [blocked_causal_attention, split_causal_attention],
+                               ids=["blocked", "split"])
 
 
 def _qkv(heads=6, kv_heads=2, n_q=23, past=0, d=16, seed=0):
@@ -33,23 +37,25 @@ def _reference(q, k, v, scale):
 MODULE = types.SimpleNamespace(num_key_value_groups=3, is_causal=True)
 
 
+@BOTH
 @pytest.mark.parametrize("rows", [4, 7, 256])
 @pytest.mark.parametrize("past", [0, 5, 40])
-def test_a_chunk_on_cached_tokens_equals_sdpa_with_its_causal_mask(monkeypatch, rows, past):
+def test_a_chunk_on_cached_tokens_equals_sdpa_with_its_causal_mask(monkeypatch, attention,
+                                                                  rows, past):
     monkeypatch.setattr(blocked_attention, "ROWS", rows)
     q, k, v = _qkv(past=past)
-    out, _ = blocked_causal_attention(MODULE, q, k, v, None, scaling=0.3, position_ids=None,
-                                      use_cache=True)
+    out, _ = attention(MODULE, q, k, v, None, scaling=0.3, position_ids=None, use_cache=True)
     assert out.shape == (1, q.shape[2], q.shape[1], q.shape[3])
     torch.testing.assert_close(out, _reference(q, k, v, 0.3), atol=1e-5, rtol=1e-5)
 
 
-def test_chunks_give_the_rows_of_the_whole_prompt(monkeypatch):
+@BOTH
+def test_chunks_give_the_rows_of_the_whole_prompt(monkeypatch, attention):
     monkeypatch.setattr(blocked_attention, "ROWS", 8)
     q, k, v = _qkv(n_q=30)
-    whole, _ = blocked_causal_attention(MODULE, q, k, v, None, scaling=0.25)
-    parts = [blocked_causal_attention(MODULE, q[:, :, s:e], k[:, :, :e], v[:, :, :e], None,
-                                      scaling=0.25)[0] for s, e in ((0, 11), (11, 12), (12, 30))]
+    whole, _ = attention(MODULE, q, k, v, None, scaling=0.25)
+    parts = [attention(MODULE, q[:, :, s:e], k[:, :, :e], v[:, :, :e], None,
+                       scaling=0.25)[0] for s, e in ((0, 11), (11, 12), (12, 30))]
     torch.testing.assert_close(torch.cat(parts, dim=1), whole, atol=1e-6, rtol=1e-6)
 
 
@@ -60,9 +66,10 @@ def test_a_memory_bound_on_scores_shrinks_the_blocks_not_the_result(monkeypatch)
     torch.testing.assert_close(out, _reference(q, k, v, 0.2), atol=1e-5, rtol=1e-5)
 
 
+@BOTH
 @pytest.mark.parametrize("case", ["sliding_window", "softcap", "s_aux", "batch_2", "dropout",
                                   "module_window", "not_causal", "value_width"])
-def test_anything_but_plain_causal_attention_goes_to_sdpa(monkeypatch, case):
+def test_anything_but_plain_causal_attention_goes_to_sdpa(monkeypatch, attention, case):
     calls = []
 
     def sdpa(*args, **kwargs):
@@ -86,8 +93,7 @@ def test_anything_but_plain_causal_attention_goes_to_sdpa(monkeypatch, case):
         module = types.SimpleNamespace(num_key_value_groups=3, sliding_window=4)
     else:
         kwargs["is_causal"] = False
-    out, _ = blocked_causal_attention(module, q, k, v, None, dropout=dropout, scaling=0.3,
-                                      **kwargs)
+    out, _ = attention(module, q, k, v, None, dropout=dropout, scaling=0.3, **kwargs)
     assert out == "sdpa" and len(calls) == 1
 
 
@@ -106,8 +112,9 @@ def _tiny(family: str):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
+@pytest.mark.parametrize("name", [blocked_attention.NAME, blocked_attention.SPLIT_NAME])
 @pytest.mark.parametrize("family", ["mistral", "gemma3"])
-def test_a_sliding_window_model_in_chunks_equals_its_eager_attention(family):
+def test_a_sliding_window_model_in_chunks_equals_its_eager_attention(family, name):
     """The torch prefill runs the model with this attention in chunks on a cache, with no
     mask of its own: the sliding layers (which go to SDPA) must still see only their
     window, as transformers' eager attention does over the whole prompt."""
@@ -118,7 +125,7 @@ def test_a_sliding_window_model_in_chunks_equals_its_eager_attention(family):
     with torch.inference_mode():
         model.set_attn_implementation("eager")
         want = model(ids).logits[0]
-        model.set_attn_implementation(blocked_attention.NAME)
+        model.set_attn_implementation(name)
         cache, rows = DynamicCache(), []
         for start, end in ((0, 24), (24, 33), (33, 40)):
             hidden = model.model(input_ids=ids[:, start:end], cache=cache,
