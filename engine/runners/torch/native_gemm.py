@@ -1,4 +1,6 @@
-"""The torch runner's own fp32 CPU linear (native_gemm.cpp), built once per machine.
+"""The torch runner's own fp32 CPU kernels, built once per machine: the linear
+(native_gemm.cpp) and the decode attention over the paged KV cache (native_attention.cpp,
+used by attention.py), compiled into one library.
 
 oneDNN runs a one-row product on about one core's memory bandwidth (a decode step's
 linears read the weights at 10-12 GB/s on a 2-core AVX2 CPU where a plain ``sum`` reads
@@ -7,9 +9,9 @@ batch. The native kernel keeps that property by construction (one FMA chain per 
 over k in order) and splits the output features across threads at every row count.
 
 The shared library is compiled with the C++ compiler and torch's headers on first use
-(``make setup`` does it ahead: ~30 s, through ``build_now``) into ``$GENSERVE_NATIVE_DIR`` (default
-``~/.cache/genserve/native``), under a name keyed by the source, torch's version and the
-flags. A CPU without AVX2/FMA, or a failed build, keeps oneDNN (logged once, with why).
+(``make setup`` does it ahead: ~40 s, through ``build_now``) into ``$GENSERVE_NATIVE_DIR``
+(default ``~/.cache/genserve/native``), under a name keyed by the sources, torch's version
+and the flags. A CPU without AVX2/FMA, or a failed build, keeps oneDNN (logged once, with why).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native_gemm.cpp")
+SOURCES = (Path(__file__).with_name("native_gemm.cpp"),
+           Path(__file__).with_name("native_attention.cpp"))
 NATIVE_DIR_ENV = "GENSERVE_NATIVE_DIR"
 PANEL = 16  # output features per packed panel (native_gemm.cpp's NR)
 FLAGS = ["-O3", "-std=c++20", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared",
@@ -40,8 +43,8 @@ def native_dir() -> Path:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()
-                         + " ".join(FLAGS).encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES)
+                         + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     return native_dir() / f"genserve_gemm-{key}.so"
 
 
@@ -62,7 +65,7 @@ def build(target: Path) -> None:
     compiler = os.environ.get("CXX", "g++")
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [compiler, *FLAGS, str(SOURCE), "-o", tmp,
+    cmd = [compiler, *FLAGS, *map(str, SOURCES), "-o", tmp,
            *(f"-I{p}" for p in include_paths()),
            *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-ltorch"]
     try:
@@ -86,7 +89,8 @@ def available() -> bool:
     path = library_path()
     try:
         if not path.exists():
-            log.info("building the native fp32 GEMM into %s (once per machine, ~30 s)", path)
+            log.info("building the native fp32 kernels into %s (once per machine, ~40 s)",
+                     path)
             build(path)
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as e:
