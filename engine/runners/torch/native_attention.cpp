@@ -94,16 +94,32 @@ void attend_split(const Shape& s, const float* q, const float* kc, const float* 
     for (; i < n; ++i) total += (p[i] = std::exp(p[i] - m[h]));
     l[h] = total;
   }
-  std::fill(acc, acc + g * d, 0.f);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = t0 + i;
-    const float* v = vc + (table[t / s.block] * s.block + t % s.block) * stride + kvh * d;
-    for (int64_t h = 0; h < g; ++h) {
-      const __m256 w = _mm256_set1_ps(scores[h * n + i]);
-      float* o = acc + h * d;
-      for (int64_t j = 0; j < d; j += 8)
-        _mm256_storeu_ps(o + j, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + j),
-                                                _mm256_loadu_ps(o + j)));
+  // The weighted values, 64 output dims at a time held in registers (d is a multiple of 8).
+  for (int64_t h = 0; h < g; ++h) {
+    const float* p = scores.data() + h * n;
+    for (int64_t j0 = 0; j0 < d; j0 += 64) {
+      const int64_t w = std::min<int64_t>(64, d - j0) / 8;
+      __m256 o[8];
+      for (int64_t j = 0; j < 8; ++j) o[j] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = t0 + i;
+        const float* v = vc + (table[t / s.block] * s.block + t % s.block) * stride + kvh * d + j0;
+        const __m256 pw = _mm256_set1_ps(p[i]);
+        if (w == 8) {
+          o[0] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v), o[0]);
+          o[1] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 8), o[1]);
+          o[2] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 16), o[2]);
+          o[3] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 24), o[3]);
+          o[4] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 32), o[4]);
+          o[5] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 40), o[5]);
+          o[6] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 48), o[6]);
+          o[7] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 56), o[7]);
+        } else {
+          for (int64_t j = 0; j < w; ++j)
+            o[j] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 8 * j), o[j]);
+        }
+      }
+      for (int64_t j = 0; j < w; ++j) _mm256_storeu_ps(acc + h * d + j0 + 8 * j, o[j]);
     }
   }
 }
