@@ -91,3 +91,40 @@ def test_a_failed_build_keeps_onednn_and_says_why(monkeypatch, tmp_path, caplog)
         assert native_gemm.available.__wrapped__() is False
     assert "oneDNN runs the linears" in caplog.text and "false failed" in caplog.text
     assert not list(tmp_path.iterdir())  # no half-written library left behind
+
+
+def test_the_keyed_op_a_compiled_step_calls_follows_packing_repacking_and_unpacking():
+    layer = torch.nn.Linear(32, 24)
+    x = torch.randn(3, 32)
+    model = torch.nn.Sequential(layer)
+    packed_linear.pack_linears(model)
+    key = packed_linear.packed_key(layer)
+    assert key is not None and packed_linear.packed_native(key)
+    torch.testing.assert_close(native_gemm.keyed_linear(x, key, 24), layer(x))
+    wider = torch.randn(40, 32)  # a LoRA fold re-packs the layer wider under its key
+    packed_linear.set_packed(key, wider, None)
+    torch.testing.assert_close(native_gemm.keyed_linear(x, key, 40), x @ wider.T,
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="has 40 output features, not 24"):
+        native_gemm.keyed_linear(x, key, 24)
+    packed_linear.set_packed(key, wider[:24], layer.bias)
+    packed_linear.unpack_linears(model)
+    with pytest.raises(RuntimeError, match="no packed layer"):
+        native_gemm.keyed_linear(x, key, 24)
+
+
+def test_a_compiled_packed_layer_calls_the_keyed_op():
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(2, 16)
+    model = torch.nn.Sequential(layer)
+    packed_linear.pack_linears(model)
+    try:
+        want = layer(x)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        with torch.profiler.profile() as prof:
+            got = compiled(x)
+        torch.testing.assert_close(got, want)
+        names = {e.key for e in prof.key_averages()}
+        assert "genserve_gemm::keyed_linear" in names and "genserve::packed_linear" not in names
+    finally:
+        packed_linear.unpack_linears(model)
