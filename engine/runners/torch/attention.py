@@ -31,6 +31,7 @@ load, so a model needing one is refused at start instead of served wrong.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -247,12 +248,16 @@ def _grouped_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         0, groups.row_slot)
 
 
+# GENSERVE_DECODE_ATTENTION=sdpa: the gather + SDPA path on the CPU too, for comparison
+_NATIVE_DECODE = os.environ.get("GENSERVE_DECODE_ATTENTION") != "sdpa"
+
+
 def native_decode_usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether the native kernel (native_attention.cpp) can run this step's decode rows:
     fp32 on a CPU where the native kernels built, head dims in multiples of 8."""
     return (q.device.type == "cpu" and q.dtype == torch.float32
             and k_cache.dtype == torch.float32 and q.shape[-1] % 8 == 0
-            and k_cache.is_contiguous() and native_gemm.available())
+            and k_cache.is_contiguous() and _NATIVE_DECODE and native_gemm.available())
 
 
 def _native_decode(meta: AttentionMetadata, q: torch.Tensor, k_cache: torch.Tensor,
