@@ -46,13 +46,7 @@ from torch import nn
 
 from engine.adapters import AdapterError, LoraAdapter
 from engine.runners.torch.gguf_lora import gguf_as_peft
-from engine.runners.torch.packed_linear import (
-    base_weight,
-    call_packed,
-    packed_key,
-    packed_native,
-    set_packed,
-)
+from engine.runners.torch.packed_linear import base_weight, call_packed, packed_key, set_packed
 from engine.runners.torch.tp_shard import LinearShard, linear_shard
 
 
@@ -187,7 +181,7 @@ class LoraLayers:
         bias = None if mod.bias is None else torch.cat([mod.bias, mod.bias.new_zeros(width)])
         set_packed(key, torch.cat([w, stack.a.T]), bias)
         if stack.folded is None:
-            stack.folded = partial(_folded_forward, self, stack, key, out, packed_native(key))
+            stack.folded = partial(_folded_forward, self, stack, key, out)
         mod.__dict__["forward"] = stack.folded
         mod.__dict__[FOLDED] = True
 
@@ -255,10 +249,10 @@ FOLDED = "_genserve_lora_folded"
 
 
 def _folded_forward(lora: LoraLayers, stack: _Stack, key: int, out_features: int,
-                    native: bool, x: torch.Tensor) -> torch.Tensor:
+                    x: torch.Tensor) -> torch.Tensor:
     """A folded layer's forward: base output and ``x @ A_cat`` from one packed GEMM."""
     width = lora.slots * lora.rank
-    full = call_packed(key, out_features + width, native, x)
+    full = call_packed(key, out_features + width, x)
     out = full[..., :out_features]
     mask = (lora.static_mask[:x.shape[-2]] if torch.compiler.is_dynamo_compiling()
             else lora.current.mask)

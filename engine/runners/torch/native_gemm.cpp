@@ -11,9 +11,6 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <mutex>
-#include <unordered_map>
-
 namespace {
 constexpr int64_t NR = 16;
 
@@ -101,51 +98,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
   return out.view(sizes);
 }
 
-// Packed layers by the key packed_linear.py gives them, so a compiled decode step calls
-// keyed_linear straight from its graph (a Python custom op there cost ~30 us a call, ~4 ms
-// of a ~50 ms batch-1 step), and a layer re-packed under its key (a LoRA fold) is what the
-// next call reads.
-namespace {
-struct Layer {
-  at::Tensor packed;
-  c10::optional<at::Tensor> bias;
-  int64_t width = 0;
-};
-std::mutex layers_mutex;
-std::unordered_map<int64_t, Layer> layers;
-}  // namespace
-
-void set_layer(int64_t key, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
-               int64_t width) {
-  std::lock_guard<std::mutex> hold(layers_mutex);
-  layers[key] = Layer{packed, bias, width};
-}
-
-void drop_layer(int64_t key) {
-  std::lock_guard<std::mutex> hold(layers_mutex);
-  layers.erase(key);
-}
-
-at::Tensor keyed_linear(const at::Tensor& x, int64_t key, int64_t out_features) {
-  Layer layer;
-  {
-    std::lock_guard<std::mutex> hold(layers_mutex);
-    auto it = layers.find(key);
-    TORCH_CHECK(it != layers.end(), "keyed_linear: no packed layer ", key);
-    layer = it->second;
-  }
-  TORCH_CHECK(layer.width == out_features, "keyed_linear: layer ", key, " has ", layer.width,
-              " output features, not ", out_features);
-  return linear(x, layer.packed, layer.width, layer.bias);
-}
-
 TORCH_LIBRARY(genserve_gemm, m) {
   m.def("pack(Tensor weight) -> Tensor");
   m.def("linear(Tensor x, Tensor packed, int n, Tensor? bias) -> Tensor");
-  m.def("keyed_linear(Tensor x, int key, int out_features) -> Tensor");
-  m.def("set_layer(int key, Tensor packed, Tensor? bias, int width) -> ()", TORCH_FN(set_layer));
-  m.def("drop_layer(int key) -> ()", TORCH_FN(drop_layer));
   m.impl("pack", c10::DispatchKey::CPU, TORCH_FN(pack));
   m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(linear));
-  m.impl("keyed_linear", c10::DispatchKey::CPU, TORCH_FN(keyed_linear));
 }

@@ -93,29 +93,10 @@ def available() -> bool:
                      path)
             build(path)
         torch.ops.load_library(str(path))
-        torch.library.register_fake("genserve_gemm::keyed_linear")(_keyed_linear_shape)
     except (OSError, RuntimeError) as e:
         log.warning("native fp32 GEMM unavailable, oneDNN runs the linears: %s", e)
         return False
     return True
-
-
-def _keyed_linear_shape(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], out_features))
-
-
-def set_layer(key: int, packed: torch.Tensor, bias: torch.Tensor | None, width: int) -> None:
-    """Register layer ``key`` for ``keyed_linear`` (replacing what it held)."""
-    torch.ops.genserve_gemm.set_layer(key, packed, bias, width)
-
-
-def drop_layer(key: int) -> None:
-    torch.ops.genserve_gemm.drop_layer(key)
-
-
-def keyed_linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
-    """``x`` through registered layer ``key``: one C++ call from a compiled graph."""
-    return torch.ops.genserve_gemm.keyed_linear(x, key, out_features)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:

@@ -98,34 +98,10 @@ def _(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], out_features))
 
 
-def _store(key: int, layer: PackedLayer) -> None:
-    _LAYERS[key] = layer
-    if not layer.weight.is_mkldnn:  # the native kernel's layers are also its own
-        native_gemm.set_layer(key, layer.weight, layer.bias, layer.width)
-
-
-def _drop(key: int) -> PackedLayer:
-    layer = _LAYERS.pop(key)
-    if not layer.weight.is_mkldnn:
-        native_gemm.drop_layer(key)
-    return layer
-
-
-def _packed_forward(key: int, out_features: int, native: bool,
-                    x: torch.Tensor) -> torch.Tensor:
-    """``native``: the layer runs the native kernel, fixed when it is first packed (the
-    kernel is the process's for its lifetime), so a compiled graph decides without reading
-    ``_LAYERS`` (a guard on it would fail at every re-pack of a LoRA fold)."""
+def _packed_forward(key: int, out_features: int, x: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
-        if native:  # one C++ call from the graph, no Python per call
-            return native_gemm.keyed_linear(x, key, out_features)
         return torch.ops.genserve.packed_linear(x, key, out_features)
     return _linear(x, key, out_features)
-
-
-def packed_native(key: int) -> bool:
-    """Whether packed layer ``key`` runs the native kernel (else oneDNN)."""
-    return not _LAYERS[key].weight.is_mkldnn
 
 
 def packed_key(mod: nn.Module) -> int | None:
@@ -142,13 +118,12 @@ def base_weight(key: int, out_features: int) -> torch.Tensor:
 def set_packed(key: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     """Pack ``weight`` (``[out + extra, in]``) for layer ``key``: LoRA folds its A into the
     layer this way (lora.py), so one GEMM gives the base output and ``x @ A``."""
-    _store(key, _pack(weight, bias))
+    _LAYERS[key] = _pack(weight, bias)
 
 
-def call_packed(key: int, width: int, native: bool, x: torch.Tensor) -> torch.Tensor:
-    """``x`` through layer ``key``'s packed weight, ``width`` output columns (``native``:
-    ``packed_native(key)``, taken outside the compiled code)."""
-    return _packed_forward(key, width, native, x)
+def call_packed(key: int, width: int, x: torch.Tensor) -> torch.Tensor:
+    """``x`` through layer ``key``'s packed weight, ``width`` output columns."""
+    return _packed_forward(key, width, x)
 
 
 def _layers(model: nn.Module) -> Iterator[nn.Module]:
@@ -182,15 +157,14 @@ def pack_linears(model: nn.Module) -> int:
                 global _next_key
                 key, _next_key = _next_key, _next_key + 1
                 mod.__dict__["_genserve_key"] = key
-            _store(key, _pack(mod.weight.detach(), mod.bias))
+            _LAYERS[key] = _pack(mod.weight.detach(), mod.bias)
             # A plain instance attribute: nn.Module.__call__ finds it before the class's.
             # Packed again, a layer gets the very objects it had (forward, placeholder):
             # compiled graphs guard on their identity.
             mod.__dict__.pop("_genserve_lora_folded", None)  # lora.FOLDED: not folded now
             mod.__dict__["forward"] = mod.__dict__.setdefault(
                 "_genserve_forward",
-                functools.partial(_packed_forward, key, int(mod.weight.shape[0]),
-                                  packed_native(key)))
+                functools.partial(_packed_forward, key, int(mod.weight.shape[0])))
             if mod.weight.data_ptr() not in shared:
                 if "_genserve_placeholder" not in mod.__dict__:
                     placeholder = torch.empty(1, dtype=mod.weight.dtype).expand(
@@ -213,7 +187,7 @@ def unpack_linears(model: nn.Module) -> None:
             key = mod.__dict__.get("_genserve_key")
             if key not in _LAYERS:
                 continue
-            packed = _drop(key)
+            packed = _LAYERS.pop(key)
             del mod.forward
             mod.__dict__.pop("_genserve_lora_folded", None)  # lora.FOLDED
             if isinstance(mod, nn.Linear) and mod.weight.stride() == (0, 0):
