@@ -30,6 +30,7 @@ from engine.runners.base import (
     WarmupReport,
     config_eos_ids,
 )
+from engine.runners.torch import native_gemm
 from engine.runners.torch.attention import (
     ATTN_NAME,
     AttentionMetadata,
@@ -90,6 +91,9 @@ class ModelRunner:
                 fuse_siblings(self.model)
             if config.pack_weights and can_pack(self.device, self.dtype):
                 pack_linears(self.model)
+            elif self.device.type == "cpu" and self.dtype == torch.float32:
+                native_gemm.available()  # the decode attention's kernel: built at load,
+                # not in the first step (packing above builds it otherwise)
             if tp is not None:
                 reduce_row_parallel(self.model)
         else:
