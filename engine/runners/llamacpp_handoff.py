@@ -14,7 +14,8 @@ was 48 of 48 tokens equal to its own prefill's at both lengths. On a CPU without
 AVX512-BF16 (a 2-core AVX2 AMD EPYC, 2026-11-28) bf16 torch is 4-15x slower than HF, but
 float32 torch (oneDNN-packed linears, SDPA) prefilled 1,024 tokens in 2.87 s and 3,000 in
 10.98 s where llama.cpp's own prefill (Q8_0) took 3.5-5.2 s and 17.0 s (HF 2.5-3.8 s and
-10.7 s); there a float32 copy takes prompts of ``FLOAT32_MIN_TOKENS`` or more.
+10.7 s); there a float32 copy takes prompts of ``FLOAT32_MIN_TOKENS`` or more (its linears
+now the native kernel's, its attention SDPA split at the chunk's past: ``load_torch_prefill``).
 
 How: the prompt still arrives in the scheduler's chunks (so short requests keep being
 admitted beside it); each chunk runs through the torch model with the sequence's HF cache;
