@@ -8,7 +8,8 @@ A pure-decode step has one query token per row, so its shape is fixed by the row
   one for a single row (static shapes) and one for 2..``max_rows`` rows (the row count a
   dynamic dimension, so no padding and no graph per bucket; compiled at ``max_rows``,
   see ``_compile_dynamic``). Attention runs eagerly
-  between the pieces and gathers only as many KV blocks as the step's longest row needs.
+  between the pieces and reads only as many KV blocks as the step's longest row needs
+  (in place on a CPU in fp32: native_attention.cpp).
   Inductor's FX graph cache keeps the compiled code under the genserve cache root.
 - CUDA: the model captured as one ``torch.cuda.CUDAGraph`` per (row bucket, context
   width) over static buffers, rows padded up to the bucket (padded rows write to the
