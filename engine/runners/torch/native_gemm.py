@@ -33,8 +33,11 @@ SOURCES = (Path(__file__).with_name("native_gemm.cpp"),
            Path(__file__).with_name("native_attention.cpp"))
 NATIVE_DIR_ENV = "GENSERVE_NATIVE_DIR"
 PANEL = 16  # output features per packed panel (native_gemm.cpp's NR)
-FLAGS = ["-O3", "-std=c++20", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared",
-         "-D_GLIBCXX_USE_CXX11_ABI=" + str(int(torch.compiled_with_cxx11_abi()))]
+QUANT_BITS = (4, 8)  # the quantised panels' forms, tried in this order
+# -ffp-contract=off: the arithmetic is the one written (the quantised panels are checked
+# at packing by the very operations their expansion runs)
+FLAGS = ["-O3", "-std=c++20", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-fPIC",
+         "-shared", "-D_GLIBCXX_USE_CXX11_ABI=" + str(int(torch.compiled_with_cxx11_abi()))]
 
 
 def native_dir() -> Path:
@@ -113,6 +116,29 @@ def unpack(packed: torch.Tensor, out_features: int) -> torch.Tensor:
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
            bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.genserve_gemm.linear(x, packed, out_features, bias)
+
+
+def pack_quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """``weight``'s quantised panels ``(q, scales, bits)`` if every 32-weight block of every
+    row is exactly ``fp32(d * q) + m`` with a 4-bit ``q`` (Q4_1's form; also Q4_0's) or
+    ``fp32(d * q)`` with an 8-bit one (Q8_0's), as a model dequantised from a quantised
+    file is; else None. The kernel expands them to these same fp32 values, so the product
+    is the fp32 panels' bit for bit, from 6 or 9 bits a weight instead of 32."""
+    for bits in QUANT_BITS:
+        parts = torch.ops.genserve_gemm.pack_quantized(weight.detach(), bits)
+        if parts:
+            return parts[0], parts[1], bits
+    return None
+
+
+def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """The dense ``[out_features, K]`` weight back from its quantised panels."""
+    return torch.ops.genserve_gemm.dequantize(q, scales, bits, out_features)
+
+
+def linear_quantized(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, bits: int,
+                     out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.genserve_gemm.linear_quantized(x, q, scales, bits, out_features, bias)
 
 
 def build_now() -> int:

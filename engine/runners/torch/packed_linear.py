@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,17 +55,31 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
+# GENSERVE_QUANTIZED_PANELS=0 keeps every native layer in fp32 panels (for comparison).
+QUANTIZED_ENV = "GENSERVE_QUANTIZED_PANELS"
+
+
 @dataclass
 class PackedLayer:
-    weight: torch.Tensor  # oneDNN's opaque tensor, or the native kernel's panels
+    weight: torch.Tensor  # oneDNN's opaque tensor, the native panels, or their quantised ints
     bias: torch.Tensor | None
     width: int  # output features (a LoRA fold's extra rows included)
+    scales: torch.Tensor | None = None  # quantised panels' block scales
+    bits: int = 32  # 4 or 8 for quantised panels
 
     def dense(self) -> torch.Tensor:
         """The weight as ``[width, in]``."""
         if self.weight.is_mkldnn:
             return self.weight.to_dense()
+        if self.scales is not None:
+            return native_gemm.dequantize(self.weight, self.scales, self.bits, self.width)
         return native_gemm.unpack(self.weight, self.width)
+
+    def nbytes(self) -> int:
+        if self.weight.is_mkldnn:  # an opaque tensor: its dense size
+            return self.weight.numel() * 4
+        extra = self.scales.nbytes if self.scales is not None else 0
+        return self.weight.nbytes + extra
 
 
 # Packed layers by key. The compiled decode step (compiled_step.py) cannot trace an
@@ -76,15 +91,26 @@ _next_key = 0
 
 def _linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
     layer = _LAYERS[key]
+    if layer.scales is not None:
+        return native_gemm.linear_quantized(x, layer.weight, layer.scales, layer.bits,
+                                            layer.width, layer.bias)
     if layer.weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
     return native_gemm.linear(x, layer.weight, layer.width, layer.bias)
 
 
 def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLayer:
-    packed = (native_gemm.pack(weight) if native_gemm.available() else
-              torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT))
-    return PackedLayer(packed, bias, int(weight.shape[0]))
+    """The native kernel's panels (quantised where the weight is exactly so), else oneDNN's."""
+    width = int(weight.shape[0])
+    if not native_gemm.available():
+        return PackedLayer(torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), ROWS_HINT),
+                           bias, width)
+    if os.environ.get(QUANTIZED_ENV, "1") != "0":
+        quantized = native_gemm.pack_quantized(weight)
+        if quantized is not None:
+            q, scales, bits = quantized
+            return PackedLayer(q, bias, width, scales, bits)
+    return PackedLayer(native_gemm.pack(weight), bias, width)
 
 
 # ``out_features`` is in the call (not only behind the key) so that a compiled graph's
@@ -145,7 +171,7 @@ def _point_members(model: nn.Module) -> None:
 def pack_linears(model: nn.Module) -> int:
     """Pack every ``nn.Linear`` weight of ``model``; returns how many."""
     shared = _shared_weights(model)
-    count = 0
+    count, keys, dense_bytes = 0, [], 0
     with torch.no_grad():
         for mod in _layers(model):
             if not isinstance(mod, nn.Linear) or mod.__dict__.get("_genserve_key") in _LAYERS:
@@ -158,6 +184,8 @@ def pack_linears(model: nn.Module) -> int:
                 key, _next_key = _next_key, _next_key + 1
                 mod.__dict__["_genserve_key"] = key
             _LAYERS[key] = _pack(mod.weight.detach(), mod.bias)
+            keys.append(key)
+            dense_bytes += mod.weight.numel() * 4
             # A plain instance attribute: nn.Module.__call__ finds it before the class's.
             # Packed again, a layer gets the very objects it had (forward, placeholder):
             # compiled graphs guard on their identity.
@@ -175,8 +203,15 @@ def pack_linears(model: nn.Module) -> int:
             count += 1
         _point_members(model)  # placeholder rows: the dense weight is not held twice
     if count:
-        log.info("packed %d linear layers for %s", count,
-                 "the native fp32 GEMM" if native_gemm.available() else "oneDNN")
+        layers = [_LAYERS[k] for k in keys]
+        quantized = [layer for layer in layers if layer.scales is not None]
+        log.info("packed %d linear layers for %s%s", count,
+                 "the native fp32 GEMM" if native_gemm.available() else "oneDNN",
+                 f" ({len(quantized)} of them as the exact 4/8-bit blocks their weights "
+                 f"were dequantised from, expanded in registers: "
+                 f"{sum(x.nbytes() for x in layers) / 2**20:.0f} MiB instead of "
+                 f"{dense_bytes / 2**20:.0f})"
+                 if quantized else "")
     return count
 
 

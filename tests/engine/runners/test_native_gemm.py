@@ -91,3 +91,67 @@ def test_a_failed_build_keeps_onednn_and_says_why(monkeypatch, tmp_path, caplog)
         assert native_gemm.available.__wrapped__() is False
     assert "oneDNN runs the linears" in caplog.text and "false failed" in caplog.text
     assert not list(tmp_path.iterdir())  # no half-written library left behind
+
+
+def _dequantised(n: int, k: int, qtype: str, seed: int) -> torch.Tensor:
+    """A weight as a model loaded from a GGUF file holds it: gguf's own quantiser, then its
+    dequantiser (what transformers' GGUF loading runs)."""
+    from gguf import GGMLQuantizationType, quants
+
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 0.05).numpy()
+    t = GGMLQuantizationType[qtype]
+    return torch.from_numpy(quants.dequantize(quants.quantize(w, t), t).copy()).reshape(n, k)
+
+
+@pytest.mark.usefixtures("torch_threads_restored")
+@pytest.mark.parametrize("qtype,bits,n,k", [("Q4_1", 4, 100, 96), ("Q4_0", 4, 16, 64),
+                                            ("Q8_0", 8, 37, 160), ("Q4_1", 4, 576, 576)])
+def test_a_dequantised_gguf_weight_is_kept_in_its_blocks_and_gives_the_fp32_panels_bits(
+        qtype, bits, n, k):
+    w = _dequantised(n, k, qtype, seed=n + k)
+    got = native_gemm.pack_quantized(w)
+    assert got is not None
+    q, scales, got_bits = got
+    assert got_bits == bits
+    assert q.nbytes + scales.nbytes <= w.nbytes * (bits + 2) / 32 + 16 * 64 * k
+    assert torch.equal(native_gemm.dequantize(q, scales, bits, n), w)
+    g = torch.Generator().manual_seed(7)
+    b = torch.randn(n, generator=g)
+    x = torch.randn(40, k, generator=g)
+    fp32 = native_gemm.pack(w)
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for m in (1, 2, 3, 4, 5, 6, 7, 13, 40):  # the direct rows and the expanded panels
+            assert torch.equal(native_gemm.linear_quantized(x[:m], q, scales, bits, n, b),
+                               native_gemm.linear(x[:m], fp32, n, b)), (threads, m)
+    assert torch.equal(native_gemm.linear_quantized(x[:3], q, scales, bits, n, None),
+                       native_gemm.linear(x[:3], fp32, n, None))
+
+
+def test_a_weight_that_is_not_exactly_quantised_stays_in_fp32_panels():
+    assert native_gemm.pack_quantized(torch.randn(32, 64)) is None  # not quantised at all
+    assert native_gemm.pack_quantized(_dequantised(16, 64, "Q4_1", 1)[:, :48]) is None  # K % 32
+    w = _dequantised(16, 64, "Q4_1", 2)
+    w[9, 40] = torch.nextafter(w[9, 40], torch.tensor(1.0))  # one weight one ulp off
+    assert native_gemm.pack_quantized(w) is None
+
+
+def test_packed_layers_keep_dequantised_weights_quantised_with_the_same_outputs(monkeypatch):
+    layer = torch.nn.Linear(64, 40)
+    with torch.no_grad():
+        layer.weight.copy_(_dequantised(40, 64, "Q4_1", 3))
+    weight, x = layer.weight.detach().clone(), torch.randn(5, 64)
+    model = torch.nn.Sequential(layer)
+    monkeypatch.setenv(packed_linear.QUANTIZED_ENV, "0")  # fp32 panels: the reference
+    packed_linear.pack_linears(model)
+    key = packed_linear.packed_key(layer)
+    assert key is not None and packed_linear._LAYERS[key].scales is None
+    want = layer(x)
+    packed_linear.unpack_linears(model)
+    monkeypatch.delenv(packed_linear.QUANTIZED_ENV)
+    packed_linear.pack_linears(model)
+    assert packed_linear._LAYERS[key].bits == 4
+    assert torch.equal(layer(x), want)
+    packed_linear.unpack_linears(model)
+    assert torch.equal(layer.weight, weight)
