@@ -54,6 +54,29 @@ struct Shape {
   int64_t rows, heads, kv_heads, group, dim, block, width;
 };
 
+// out[0 : 8 W] = sum over tokens i of p[i] * rows[i][j0 : j0 + 8 W] (W registers).
+template <int W>
+inline void weigh(const float* p, const float* const* rows, int64_t n, int64_t j0, float* out) {
+  __m256 o[W];
+#pragma GCC unroll 8
+  for (int j = 0; j < W; ++j) o[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* v = rows[i] + j0;
+    const __m256 pw = _mm256_set1_ps(p[i]);
+#pragma GCC unroll 8
+    for (int j = 0; j < W; ++j) o[j] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 8 * j), o[j]);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < W; ++j) _mm256_storeu_ps(out + 8 * j, o[j]);
+}
+
+// Per-thread scratch: the context's row pointers into the K and V caches.
+std::vector<const float*>& row_ptrs(int which, int64_t n) {
+  thread_local std::vector<const float*> ptrs[2];
+  ptrs[which].resize(n);
+  return ptrs[which];
+}
+
 // One (row, KV head) over context tokens [t0, t1): the group's maxima, sums and
 // unnormalised outputs into m[group], l[group], acc[group * dim].
 void attend_split(const Shape& s, const float* q, const float* kc, const float* vc,
@@ -61,24 +84,53 @@ void attend_split(const Shape& s, const float* q, const float* kc, const float* 
                   float softcap, float* m, float* l, float* acc, std::vector<float>& scores) {
   const int64_t n = t1 - t0, g = s.group, d = s.dim, stride = s.kv_heads * d;
   scores.resize(g * n);
-  for (int64_t h = 0; h < g; ++h) m[h] = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = t0 + i;
-    const float* k = kc + (table[t / s.block] * s.block + t % s.block) * stride + kvh * d;
+  // token t's row of a cache: its block's base (from the table, once a block) + its offset
+  std::vector<const float*>& rows_k = row_ptrs(0, n), &rows_v = row_ptrs(1, n);
+  for (int64_t t = t0; t < t1;) {
+    const int64_t b = t / s.block, end = std::min(t1, (b + 1) * s.block);
+    const int64_t base = (table[b] * s.block - b * s.block) * stride + kvh * d;
+    for (; t < end; ++t) {
+      rows_k[t - t0] = kc + base + t * stride;
+      rows_v[t - t0] = vc + base + t * stride;
+    }
+  }
+  // Scores, 4 tokens at a time per head: four independent chains, summed together.
+  const __m128 scale4 = _mm_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const float* k0 = rows_k[i]; const float* k1 = rows_k[i + 1];
+    const float* k2 = rows_k[i + 2]; const float* k3 = rows_k[i + 3];
     for (int64_t h = 0; h < g; ++h) {
       const float* qh = q + h * d;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-      int64_t j = 0;
-      for (; j + 16 <= d; j += 16) {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(k + j), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j + 8), _mm256_loadu_ps(k + j + 8), a1);
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t j = 0; j < d; j += 8) {
+        const __m256 qv = _mm256_loadu_ps(qh + j);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
       }
-      if (j < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(k + j), a0);
-      float x = hsum(_mm256_add_ps(a0, a1)) * scale;
-      if (softcap > 0.f) x = std::tanh(x / softcap) * softcap;
-      scores[h * n + i] = x;
-      m[h] = std::max(m[h], x);
+      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+      _mm_storeu_ps(scores.data() + h * n + i,
+                    _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)),
+                               scale4));
     }
+  }
+  for (; i < n; ++i) {
+    const float* k = rows_k[i];
+    for (int64_t h = 0; h < g; ++h) {
+      const float* qh = q + h * d;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int64_t j = 0; j < d; j += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + j), _mm256_loadu_ps(k + j), a0);
+      scores[h * n + i] = hsum(a0) * scale;
+    }
+  }
+  for (int64_t h = 0; h < g; ++h) {
+    float* p = scores.data() + h * n;
+    if (softcap > 0.f)
+      for (int64_t j = 0; j < n; ++j) p[j] = std::tanh(p[j] / softcap) * softcap;
+    m[h] = *std::max_element(p, p + n);
   }
   for (int64_t h = 0; h < g; ++h) {
     float* p = scores.data() + h * n;
@@ -94,32 +146,21 @@ void attend_split(const Shape& s, const float* q, const float* kc, const float* 
     for (; i < n; ++i) total += (p[i] = std::exp(p[i] - m[h]));
     l[h] = total;
   }
-  // The weighted values, 64 output dims at a time held in registers (d is a multiple of 8).
+  // The weighted values, up to 64 output dims at a time held in registers.
   for (int64_t h = 0; h < g; ++h) {
     const float* p = scores.data() + h * n;
     for (int64_t j0 = 0; j0 < d; j0 += 64) {
-      const int64_t w = std::min<int64_t>(64, d - j0) / 8;
-      __m256 o[8];
-      for (int64_t j = 0; j < 8; ++j) o[j] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t t = t0 + i;
-        const float* v = vc + (table[t / s.block] * s.block + t % s.block) * stride + kvh * d + j0;
-        const __m256 pw = _mm256_set1_ps(p[i]);
-        if (w == 8) {
-          o[0] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v), o[0]);
-          o[1] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 8), o[1]);
-          o[2] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 16), o[2]);
-          o[3] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 24), o[3]);
-          o[4] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 32), o[4]);
-          o[5] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 40), o[5]);
-          o[6] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 48), o[6]);
-          o[7] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 56), o[7]);
-        } else {
-          for (int64_t j = 0; j < w; ++j)
-            o[j] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(v + 8 * j), o[j]);
-        }
+      float* out = acc + h * d + j0;
+      switch (std::min<int64_t>(64, d - j0) / 8) {
+        case 8: weigh<8>(p, rows_v.data(), n, j0, out); break;
+        case 7: weigh<7>(p, rows_v.data(), n, j0, out); break;
+        case 6: weigh<6>(p, rows_v.data(), n, j0, out); break;
+        case 5: weigh<5>(p, rows_v.data(), n, j0, out); break;
+        case 4: weigh<4>(p, rows_v.data(), n, j0, out); break;
+        case 3: weigh<3>(p, rows_v.data(), n, j0, out); break;
+        case 2: weigh<2>(p, rows_v.data(), n, j0, out); break;
+        default: weigh<1>(p, rows_v.data(), n, j0, out); break;
       }
-      for (int64_t j = 0; j < w; ++j) _mm256_storeu_ps(acc + h * d + j0 + 8 * j, o[j]);
     }
   }
 }

@@ -30,6 +30,12 @@ def _case(lens, heads=9, kv_heads=3, dim=64, blocks=160, seed=0):
     return q, k, v, tables, mask, meta
 
 
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    """Every test here loads the kernel first, whichever worker runs it."""
+    assert native_gemm.available()
+
+
 def test_the_kernel_builds_here():
     assert native_gemm.available()
 
