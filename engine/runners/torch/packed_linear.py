@@ -171,7 +171,8 @@ def _point_members(model: nn.Module) -> None:
 def pack_linears(model: nn.Module) -> int:
     """Pack every ``nn.Linear`` weight of ``model``; returns how many."""
     shared = _shared_weights(model)
-    count, keys, dense_bytes = 0, [], 0
+    keys: list[int] = []
+    dense_bytes = 0
     with torch.no_grad():
         for mod in _layers(model):
             if not isinstance(mod, nn.Linear) or mod.__dict__.get("_genserve_key") in _LAYERS:
@@ -200,8 +201,8 @@ def pack_linears(model: nn.Module) -> int:
                     mod.__dict__["_genserve_placeholder"] = nn.Parameter(
                         placeholder, requires_grad=False)
                 mod.weight = mod.__dict__["_genserve_placeholder"]
-            count += 1
         _point_members(model)  # placeholder rows: the dense weight is not held twice
+    count = len(keys)
     if count:
         layers = [_LAYERS[k] for k in keys]
         quantized = [layer for layer in layers if layer.scales is not None]
