@@ -63,11 +63,11 @@ class PrefillWork:
 class BuildReport:
     rows: str  # "1", "2-64" (CPU graphs) or "8x1024" (a CUDA bucket: rows x context)
     seconds: float
-    status: str  # "compiled", "captured", "skipped (budget)", "failed: ..."
+    status: str  # "compiled", "captured", "native", "skipped (budget)", "failed: ..."
 
     @property
     def ok(self) -> bool:
-        return self.status in ("compiled", "captured")
+        return self.status in ("compiled", "captured", "native")
 
 
 @dataclass

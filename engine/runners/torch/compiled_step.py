@@ -53,6 +53,7 @@ from engine.runners.torch.decode_inputs import (
 )
 from engine.runners.torch.kv_tensors import KVCache
 from engine.runners.torch.lora import LoraLayers
+from engine.runners.torch.native_decode import NativeDecodeStep, native_step
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,11 @@ class DecodeGraphs:
 
     def __init__(self, model: Any, kv_cache: KVCache, block_size: int, scratch_block: int,
                  max_blocks_per_seq: int, device: torch.device,
-                 lora: LoraLayers | None = None, compile_cuda: bool = True) -> None:
+                 lora: LoraLayers | None = None, compile_cuda: bool = True,
+                 allow_native: bool = True) -> None:
         self.model = model
+        self.allow_native = allow_native  # False with tensor parallelism (sharded layers)
+        self._native: NativeDecodeStep | None = None  # CPU: the native step, when it applies
         self.compile_cuda = compile_cuda
         self.lora = lora  # adapter slots: every graph applies them, masked per row
         self.kv_cache = kv_cache
@@ -135,6 +139,7 @@ class DecodeGraphs:
         self.num_layers = kv_cache.spec.num_layers  # attention calls in one forward
         self._compiled: Any = None  # CPU: torch.compile'd forward (both graphs)
         self._single = False  # CPU: the one-row graph is ready
+        self._native_max = 0  # CPU: the most rows the native step takes (its largest bucket)
         self._dynamic_max = 0  # CPU: the 2..max-row graph is ready (0 = not)
         self._cuda_steps: dict[tuple[int, int], StepFn] = {}  # CUDA: (rows, width) -> replay
         self._pool: Any = None
@@ -144,9 +149,13 @@ class DecodeGraphs:
         """The most decode rows a compiled step takes (0 = none ready)."""
         if self.device.type == "cuda":
             return max((rows for rows, _ in self._cuda_steps), default=0)
+        if self._native is not None:
+            return self._native_max
         return max(self._dynamic_max, int(self._single))
 
     def covers(self, rows: int) -> bool:
+        if self._native is not None:
+            return 1 <= rows <= self._native_max
         if self.device.type == "cuda":
             return self.max_rows >= rows
         return (rows == 1 and self._single) or 2 <= rows <= self._dynamic_max
@@ -172,6 +181,8 @@ class DecodeGraphs:
             return None
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                      self.device)
+        if self._native is not None:
+            return self._native.run(inputs)
         if self.lora is not None:
             self.lora.fill_static([r.adapter_slot for r in decodes])
         try:
@@ -204,6 +215,14 @@ class DecodeGraphs:
         tensor parallelism, every rank goes by rank 0's decision to build or skip (each
         build runs forwards whose all-reduces need every rank)."""
         report = WarmupReport()
+        if self.device.type == "cpu" and self.lora is None and self.allow_native:
+            self._native = native_step(self.model, self.kv_cache)
+            if self._native is not None:  # nothing to compile
+                self._native_max = max(buckets, default=1)
+                label = f"1-{self._native_max}"
+                report.graphs = [BuildReport(label, 0.0, "native")]
+                log.info("decode steps of %s rows run natively (nothing compiled)", label)
+                return report
         if self.lora is not None:
             self.lora.reserve_static(max(buckets, default=1))
             self.lora.freeze_folds()

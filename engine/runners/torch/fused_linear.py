@@ -174,6 +174,11 @@ def _products() -> tuple:
     packed = getattr(torch.ops.genserve, "packed_linear", None)  # once packed_linear.py ran
     if packed is not None:
         targets += [packed, packed.default]
+    native = getattr(torch.ops, "genserve_gemm", None)  # the native panels, called directly
+    for name in ("linear", "linear_quantized"):
+        op = getattr(native, name, None) if native is not None else None
+        if op is not None:
+            targets += [op, op.default]
     return tuple(targets)
 
 

@@ -256,7 +256,8 @@ class ModelRunner:
                       agree: Callable[[bool], bool] | None = None) -> WarmupReport:
         graphs = DecodeGraphs(self.model, self.kv_cache, self.block_size, self.scratch_block,
                               -(-self.max_model_len // self.block_size), self.device,
-                              self.lora, self.config.compile_cuda_graphs)
+                              self.lora, self.config.compile_cuda_graphs,
+                              allow_native=self.tp is None)
         report = graphs.build(wanted, budget, agree)
         self.decode_graphs = graphs if graphs.max_rows else None
         return report

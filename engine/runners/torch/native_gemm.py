@@ -30,7 +30,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = (Path(__file__).with_name("native_gemm.cpp"),
-           Path(__file__).with_name("native_attention.cpp"))
+           Path(__file__).with_name("native_attention.cpp"),
+           Path(__file__).with_name("native_decode.cpp"))
 NATIVE_DIR_ENV = "GENSERVE_NATIVE_DIR"
 PANEL = 16  # output features per packed panel (native_gemm.cpp's NR)
 QUANT_BITS = (4, 8)  # the quantised panels' forms, tried in this order
@@ -99,7 +100,22 @@ def available() -> bool:
     except (OSError, RuntimeError) as e:
         log.warning("native fp32 GEMM unavailable, oneDNN runs the linears: %s", e)
         return False
+    _register_fakes()
     return True
+
+
+@functools.cache
+def _register_fakes() -> None:
+    """Shapes of the linears' outputs for torch.compile, which calls the ops in its graph
+    (packed_linear.py) with the panels as inputs."""
+
+    def out(x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], n))
+
+    torch.library.register_fake("genserve_gemm::linear")(
+        lambda x, packed, n, bias: out(x, n))
+    torch.library.register_fake("genserve_gemm::linear_quantized")(
+        lambda x, q, scales, bits, n, bias: out(x, n))
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
