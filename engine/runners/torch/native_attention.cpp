@@ -3,11 +3,12 @@
 //
 // The eager path gathers each row's blocks into one tensor (index_select) and runs SDPA
 // over it: per layer and step it copies the whole context, at ~1.4 GB/s effective on a
-// 2-core AVX2 EPYC (a decode step grew ~32 us per context token). Here each (row, KV head,
-// context split) reads its keys and values where they are: the scores of the head's query
-// group, their softmax (max, then exp with an AVX2 polynomial), then the weighted values.
-// Splits of one row's context (flash-decoding) are merged by their maxima and sums, so a
-// single row still uses every thread. A row's result depends only on its own query and
+// 2-core AVX2 EPYC (a decode step grew ~32 us per context token). Here each (row, context
+// split) reads its keys and values where they are, a token's KV heads together (one
+// contiguous run) and its values prefetched while the scores are computed: the scores of
+// every head, their softmax (max, then exp with an AVX2 polynomial), then the weighted
+// values. Splits of 64+ tokens of one row's context (flash-decoding) are merged by their
+// maxima and sums, so a single row still uses every thread. A row's result depends only on its own query and
 // context (the split count follows the row's own length), never on the other rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -48,7 +49,7 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-constexpr int64_t MIN_SPLIT = 128;  // context tokens per split at least
+constexpr int64_t MIN_SPLIT = 64;  // context tokens per split at least
 
 struct Shape {
   int64_t rows, heads, kv_heads, group, dim, block, width;
@@ -77,48 +78,60 @@ std::vector<const float*>& row_ptrs(int which, int64_t n) {
   return ptrs[which];
 }
 
-// One (row, KV head) over context tokens [t0, t1): the group's maxima, sums and
-// unnormalised outputs into m[group], l[group], acc[group * dim].
+// One row over context tokens [t0, t1), every head: the maxima, sums and unnormalised
+// outputs into m[heads], l[heads], acc[heads * dim]. Tokens are visited in cache order with
+// all their KV heads together (a token's keys are one contiguous run), and its values are
+// prefetched meanwhile, so the memory is read as a stream, not as strided slices.
 void attend_split(const Shape& s, const float* q, const float* kc, const float* vc,
-                  const int64_t* table, int64_t kvh, int64_t t0, int64_t t1, float scale,
-                  float softcap, float* m, float* l, float* acc, std::vector<float>& scores) {
+                  const int64_t* table, int64_t t0, int64_t t1, float scale, float softcap,
+                  float* m, float* l, float* acc, std::vector<float>& scores) {
   const int64_t n = t1 - t0, g = s.group, d = s.dim, stride = s.kv_heads * d;
-  scores.resize(g * n);
+  const int64_t heads = s.heads;
+  scores.resize(heads * n);
   // token t's row of a cache: its block's base (from the table, once a block) + its offset
   std::vector<const float*>& rows_k = row_ptrs(0, n), &rows_v = row_ptrs(1, n);
   for (int64_t t = t0; t < t1;) {
     const int64_t b = t / s.block, end = std::min(t1, (b + 1) * s.block);
-    const int64_t base = (table[b] * s.block - b * s.block) * stride + kvh * d;
+    const int64_t base = (table[b] * s.block - b * s.block) * stride;
     for (; t < end; ++t) {
       rows_k[t - t0] = kc + base + t * stride;
       rows_v[t - t0] = vc + base + t * stride;
     }
   }
+  const int64_t lines = stride * 4 / 64;  // cache lines of one token's values
   // Scores, 4 tokens at a time per head: four independent chains, summed together.
   const __m128 scale4 = _mm_set1_ps(scale);
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    const float* k0 = rows_k[i]; const float* k1 = rows_k[i + 1];
-    const float* k2 = rows_k[i + 2]; const float* k3 = rows_k[i + 3];
-    for (int64_t h = 0; h < g; ++h) {
-      const float* qh = q + h * d;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t j = 0; j < d; j += 8) {
-        const __m256 qv = _mm256_loadu_ps(qh + j);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
+    for (int64_t x = 0; x < 4; ++x)
+      for (int64_t c = 0; c < lines; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows_v[i + x]) + 64 * c, _MM_HINT_T0);
+        if (i + 8 <= n)
+          _mm_prefetch(reinterpret_cast<const char*>(rows_k[i + 4 + x]) + 64 * c, _MM_HINT_T0);
       }
-      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-      _mm_storeu_ps(scores.data() + h * n + i,
-                    _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)),
-                               scale4));
+    for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
+      const float* k0 = rows_k[i] + kvh * d; const float* k1 = rows_k[i + 1] + kvh * d;
+      const float* k2 = rows_k[i + 2] + kvh * d; const float* k3 = rows_k[i + 3] + kvh * d;
+      for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
+        const float* qh = q + h * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t j = 0; j < d; j += 8) {
+          const __m256 qv = _mm256_loadu_ps(qh + j);
+          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j), a0);
+          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + j), a1);
+          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + j), a2);
+          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + j), a3);
+        }
+        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        _mm_storeu_ps(scores.data() + h * n + i,
+                      _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t),
+                                            _mm256_extractf128_ps(t, 1)), scale4));
+      }
     }
   }
   for (; i < n; ++i) {
-    const float* k = rows_k[i];
-    for (int64_t h = 0; h < g; ++h) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* k = rows_k[i] + (h / g) * d;
       const float* qh = q + h * d;
       __m256 a0 = _mm256_setzero_ps();
       for (int64_t j = 0; j < d; j += 8)
@@ -126,13 +139,13 @@ void attend_split(const Shape& s, const float* q, const float* kc, const float* 
       scores[h * n + i] = hsum(a0) * scale;
     }
   }
-  for (int64_t h = 0; h < g; ++h) {
+  for (int64_t h = 0; h < heads; ++h) {
     float* p = scores.data() + h * n;
     if (softcap > 0.f)
       for (int64_t j = 0; j < n; ++j) p[j] = std::tanh(p[j] / softcap) * softcap;
     m[h] = *std::max_element(p, p + n);
   }
-  for (int64_t h = 0; h < g; ++h) {
+  for (int64_t h = 0; h < heads; ++h) {
     float* p = scores.data() + h * n;
     const __m256 mh = _mm256_set1_ps(m[h]);
     __m256 sum = _mm256_setzero_ps();
@@ -147,19 +160,20 @@ void attend_split(const Shape& s, const float* q, const float* kc, const float* 
     l[h] = total;
   }
   // The weighted values, up to 64 output dims at a time held in registers.
-  for (int64_t h = 0; h < g; ++h) {
+  for (int64_t h = 0; h < heads; ++h) {
     const float* p = scores.data() + h * n;
+    const int64_t off = (h / g) * d;
     for (int64_t j0 = 0; j0 < d; j0 += 64) {
       float* out = acc + h * d + j0;
       switch (std::min<int64_t>(64, d - j0) / 8) {
-        case 8: weigh<8>(p, rows_v.data(), n, j0, out); break;
-        case 7: weigh<7>(p, rows_v.data(), n, j0, out); break;
-        case 6: weigh<6>(p, rows_v.data(), n, j0, out); break;
-        case 5: weigh<5>(p, rows_v.data(), n, j0, out); break;
-        case 4: weigh<4>(p, rows_v.data(), n, j0, out); break;
-        case 3: weigh<3>(p, rows_v.data(), n, j0, out); break;
-        case 2: weigh<2>(p, rows_v.data(), n, j0, out); break;
-        default: weigh<1>(p, rows_v.data(), n, j0, out); break;
+        case 8: weigh<8>(p, rows_v.data(), n, off + j0, out); break;
+        case 7: weigh<7>(p, rows_v.data(), n, off + j0, out); break;
+        case 6: weigh<6>(p, rows_v.data(), n, off + j0, out); break;
+        case 5: weigh<5>(p, rows_v.data(), n, off + j0, out); break;
+        case 4: weigh<4>(p, rows_v.data(), n, off + j0, out); break;
+        case 3: weigh<3>(p, rows_v.data(), n, off + j0, out); break;
+        case 2: weigh<2>(p, rows_v.data(), n, off + j0, out); break;
+        default: weigh<1>(p, rows_v.data(), n, off + j0, out); break;
       }
     }
   }
@@ -202,16 +216,16 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   for (int64_t r = 0; r < s.rows; ++r) {
     first[r] = window > 0 ? std::max<int64_t>(0, lp[r] - window) : 0;
     splits[r] = std::max<int64_t>(1, (lp[r] - first[r]) / MIN_SPLIT);
-    splits[r] = std::min<int64_t>(splits[r], 8);
-    unit0[r + 1] = unit0[r] + splits[r] * s.kv_heads;
+    splits[r] = std::min<int64_t>(splits[r], 16);
+    unit0[r + 1] = unit0[r] + splits[r];
   }
-  const int64_t units = unit0[s.rows], g = s.group, d = s.dim;
+  const int64_t units = unit0[s.rows], g = s.heads, d = s.dim;  // g: heads a unit holds
   std::vector<float> m(units * g), l(units * g), acc(units * g * d);
   at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scores;
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t r = std::upper_bound(unit0.begin(), unit0.end(), u) - unit0.begin() - 1;
-      const int64_t local = u - unit0[r], kvh = local / splits[r], part = local % splits[r];
+      const int64_t part = u - unit0[r];
       const int64_t n = lp[r] - first[r], chunk = (n + splits[r] - 1) / splits[r];
       const int64_t t0 = first[r] + part * chunk, t1 = std::min(lp[r], t0 + chunk);
       float* mu = m.data() + u * g;
@@ -223,23 +237,23 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
         std::fill(au, au + g * d, 0.f);
         continue;
       }
-      attend_split(s, qp + (r * s.heads + kvh * g) * d, kp, vp, tp + r * s.width, kvh, t0, t1,
+      attend_split(s, qp + r * s.heads * d, kp, vp, tp + r * s.width, t0, t1,
                    static_cast<float>(scale), static_cast<float>(softcap), mu, lu, au, scores);
     }
   });
   auto out = at::empty({s.rows, s.heads, d}, q.options());
   float* op = out.data_ptr<float>();
   for (int64_t r = 0; r < s.rows; ++r) {
-    for (int64_t kvh = 0; kvh < s.kv_heads; ++kvh) {
+    {
       for (int64_t h = 0; h < g; ++h) {
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t p = 0; p < splits[r]; ++p)
-          top = std::max(top, m[(unit0[r] + kvh * splits[r] + p) * g + h]);
+          top = std::max(top, m[(unit0[r] + p) * g + h]);
         float total = 0.f;
-        float* o = op + (r * s.heads + kvh * g + h) * d;
+        float* o = op + (r * s.heads + h) * d;
         std::fill(o, o + d, 0.f);
         for (int64_t p = 0; p < splits[r]; ++p) {
-          const int64_t u = unit0[r] + kvh * splits[r] + p;
+          const int64_t u = unit0[r] + p;
           const float w = l[u * g + h] > 0.f ? std::exp(m[u * g + h] - top) : 0.f;
           total += w * l[u * g + h];
           const float* a = acc.data() + (u * g + h) * d;
