@@ -287,8 +287,10 @@ class GenServer:
             except Exception:  # the compiled step is an optimisation: keep serving eagerly
                 log.exception("compiling the decode step failed; decode steps stay eager")
                 return
-            log.info("decode step compiled in %.1fs: %s rows now compiled",
-                     time.perf_counter() - start, ", ".join(report.ready) or "no")
+            log.info("decode step compiled in %.1fs: %s rows now compiled%s",
+                     time.perf_counter() - start, ", ".join(report.ready) or "no",
+                     " (natively: nothing to compile)" if any(
+                         g.status == "native" for g in report.graphs) else "")
 
         self.compile_thread = threading.Thread(target=build, name="genserve-compile",
                                                daemon=True)
