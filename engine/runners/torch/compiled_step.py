@@ -182,6 +182,11 @@ class DecodeGraphs:
         inputs = build_decode_inputs(decodes, self.block_size, self.scratch_block,
                                      self.device)
         if self._native is not None:
+            if self._native.stale:  # re-packed since: take the panels again, or run eagerly
+                self._native = native_step(self.model, self.kv_cache)
+                if self._native is None:
+                    self._native_max = 0
+                    return None
             return self._native.run(inputs)
         if self.lora is not None:
             self.lora.fill_static([r.adapter_slot for r in decodes])

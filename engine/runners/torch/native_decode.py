@@ -93,6 +93,13 @@ class NativeDecodeStep:
     vocab: int
     eps: float
     scale: float
+    generation: int  # packed_linear's, when the panels above were taken
+
+    @property
+    def stale(self) -> bool:
+        """A layer was packed or unpacked since (a benchmark's baseline, an adapter fold):
+        the panels held here may no longer be the model's."""
+        return self.generation != packed_linear.generation()
 
     @classmethod
     def build(cls, model: Any, kv_cache: KVCache) -> NativeDecodeStep:
@@ -154,11 +161,12 @@ class NativeDecodeStep:
         head = _packed(model.lm_head, "the LM head")
         head_parts, head_bits = _linear_parts(head)
         tensors += [base.norm.weight.detach(), *head_parts]
-        attn0, mlp0 = base.layers[0].self_attn, base.layers[0].mlp
+        mlp0 = base.layers[0].mlp
         return cls(model, tensors, ints, heads=int(config.num_attention_heads),
                    kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
                    intermediate=int(mlp0.gate_proj.out_features), head_bits=head_bits,
-                   vocab=head.width, eps=eps.pop(), scale=float(attn0.scaling))
+                   vocab=head.width, eps=eps.pop(), scale=scales.pop(),
+                   generation=packed_linear.generation())
 
     def run(self, inputs: DecodeInputs) -> torch.Tensor:
         """Logits ``[rows, vocab]`` of one decode step (writes the rows' keys and values)."""

@@ -87,6 +87,17 @@ class PackedLayer:
 # key: one black-box call per layer in the graph, the compiled code around it.
 _LAYERS: dict[int, PackedLayer] = {}
 _next_key = 0
+_generation = 0  # bumped whenever a layer is packed or unpacked: holders of panels refresh
+
+
+def generation() -> int:
+    """Changes whenever any layer's packed weight does (native_decode.py holds the panels)."""
+    return _generation
+
+
+def _changed() -> None:
+    global _generation
+    _generation += 1
 
 
 def _linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
@@ -154,6 +165,7 @@ def set_packed(key: int, weight: torch.Tensor, bias: torch.Tensor | None) -> Non
     """Pack ``weight`` (``[out + extra, in]``) for layer ``key``: LoRA folds its A into the
     layer this way (lora.py), so one GEMM gives the base output and ``x @ A``."""
     _LAYERS[key] = _pack(weight, bias)
+    _changed()
 
 
 def call_packed(key: int, width: int, x: torch.Tensor) -> torch.Tensor:
@@ -194,6 +206,7 @@ def pack_linears(model: nn.Module) -> int:
                 key, _next_key = _next_key, _next_key + 1
                 mod.__dict__["_genserve_key"] = key
             _LAYERS[key] = _pack(mod.weight.detach(), mod.bias)
+            _changed()
             keys.append(key)
             dense_bytes += mod.weight.numel() * 4
             # A plain instance attribute: nn.Module.__call__ finds it before the class's.
@@ -233,6 +246,7 @@ def unpack_linears(model: nn.Module) -> None:
             if key not in _LAYERS:
                 continue
             packed = _LAYERS.pop(key)
+            _changed()
             del mod.forward
             mod.__dict__.pop("_genserve_lora_folded", None)  # lora.FOLDED
             if isinstance(mod, nn.Linear) and mod.weight.stride() == (0, 0):

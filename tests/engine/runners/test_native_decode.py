@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.runners.base import DecodeRow
-from engine.runners.torch import native_gemm
+from engine.runners.torch import native_gemm, stock_transformers
 from engine.runners.torch.model_runner import ModelRunner
 from engine.runners.torch.native_decode import NATIVE_DECODE_ENV, NativeDecodeStep, native_step
 from tests.engine.runners.architectures import build_architecture
@@ -83,3 +83,21 @@ def test_other_models_and_setups_keep_the_compiled_step(tmp_path, tokenizer_dir,
     assert native_step(packed.model, packed.kv_cache) is not None
     monkeypatch.setenv(NATIVE_DECODE_ENV, "0")
     assert native_step(packed.model, packed.kv_cache) is None
+
+
+def test_a_repacked_model_gets_a_fresh_native_step(tmp_path, tokenizer_dir):
+    """Unpacked and packed again (a benchmark's HF baseline, ``stock_transformers``), the
+    model's panels are new tensors: the step takes them instead of keeping the old ones."""
+    pair = runners(build_architecture("llama", tmp_path / "llama", tokenizer_dir))
+    graphs = pair[0].decode_graphs
+    assert graphs is not None
+    seqs = Seqs(pair, seed=6)
+    seqs.add(20)
+    seqs.add(5)
+    assert_equal(seqs.step([0, 1]))
+    before = graphs._native
+    with stock_transformers(pair[0].model):
+        pass
+    assert_equal(seqs.step([0, 1]))
+    assert graphs._native is not None and graphs._native is not before
+    assert not graphs._native.stale
