@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from engine.runners.torch import native_gemm, packed_linear
+from engine.runners.torch.attention import native_decode_usable
 from engine.runners.torch.decode_inputs import DecodeInputs
 from engine.runners.torch.fused_linear import fused_groups
 from engine.runners.torch.kv_tensors import KVCache
@@ -119,9 +120,15 @@ class NativeDecodeStep:
             raise Unsupported("not a float32 CPU cache")
         if spec.head_dim % 8 or not native_gemm.available():
             raise Unsupported("the native kernels do not apply")
+        if not native_decode_usable(torch.empty(1, 1, spec.head_dim), kv_cache.key[0]):
+            raise Unsupported("the native decode attention is off or does not apply")
+        if getattr(config, "partial_rotary_factor", None) not in (None, 1.0):
+            raise Unsupported("a partial rotary embedding")
         base = model.model
         if type(base.embed_tokens) is not nn.Embedding:
             raise Unsupported("the embedding is not a plain nn.Embedding")
+        if not callable(getattr(base, "rotary_emb", None)):
+            raise Unsupported("the model has no rotary embedding module")
         tensors: list[torch.Tensor] = []
         ints: list[int] = []
         eps: set[float] = set()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.runners.base import DecodeRow
-from engine.runners.torch import native_gemm, stock_transformers
+from engine.runners.torch import attention, native_gemm, stock_transformers
 from engine.runners.torch.model_runner import ModelRunner
 from engine.runners.torch.native_decode import NATIVE_DECODE_ENV, NativeDecodeStep, native_step
 from tests.engine.runners.architectures import build_architecture
@@ -81,6 +81,9 @@ def test_other_models_and_setups_keep_the_compiled_step(tmp_path, tokenizer_dir,
         NativeDecodeStep.build(unpacked.model, unpacked.kv_cache)
     packed = ModelRunner(config(llama, pack_weights=True))
     assert native_step(packed.model, packed.kv_cache) is not None
+    with monkeypatch.context() as m:  # GENSERVE_DECODE_ATTENTION=sdpa: SDPA's step, not ours
+        m.setattr(attention, "_NATIVE_DECODE", False)
+        assert native_step(packed.model, packed.kv_cache) is None
     monkeypatch.setenv(NATIVE_DECODE_ENV, "0")
     assert native_step(packed.model, packed.kv_cache) is None
 
