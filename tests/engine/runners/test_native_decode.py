@@ -104,3 +104,23 @@ def test_a_repacked_model_gets_a_fresh_native_step(tmp_path, tokenizer_dir):
     assert_equal(seqs.step([0, 1]))
     assert graphs._native is not None and graphs._native is not before
     assert not graphs._native.stale
+
+
+def test_cache_hits_give_the_same_greedy_output_through_the_native_step(tiny_model_dir,
+                                                                         tokenizer_dir):
+    """Prefix caching with the native step serving the decodes: a shared system prompt
+    found in the cache changes no token, and the native step ran."""
+    from transformers import AutoTokenizer
+
+    from tests.engine.test_prefix_caching import SYSTEM, engine, run_one_by_one
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    prompts = [tok(SYSTEM + q)["input_ids"] for q in ("Name a prime.", "Where is Oslo?")]
+    outs, cached = {}, {}
+    for caching in (False, True):
+        eng = engine(tiny_model_dir, caching=caching, pack_weights=True, device="cpu")
+        report = eng.runner.warmup()
+        assert [g.status for g in report.graphs] == ["native"]
+        outs[caching], cached[caching] = run_one_by_one(eng, prompts)
+    assert outs[True] == outs[False]
+    assert cached[False] == [0, 0] and cached[True][0] == 0 and cached[True][1] > 0
