@@ -8,8 +8,9 @@
 // contiguous run) and its values prefetched while the scores are computed: the scores of
 // every head, their softmax (max, then exp with an AVX2 polynomial), then the weighted
 // values. Splits of 64+ tokens of one row's context (flash-decoding) are merged by their
-// maxima and sums, so a single row still uses every thread. A row's result depends only on its own query and
-// context (the split count follows the row's own length), never on the other rows.
+// maxima and sums, so a single row still uses every thread. A row's result depends only on
+// its own query and context (the split count follows the row's own length), never on the
+// other rows.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -219,8 +220,8 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
     splits[r] = std::min<int64_t>(splits[r], 16);
     unit0[r + 1] = unit0[r] + splits[r];
   }
-  const int64_t units = unit0[s.rows], g = s.heads, d = s.dim;  // g: heads a unit holds
-  std::vector<float> m(units * g), l(units * g), acc(units * g * d);
+  const int64_t units = unit0[s.rows], heads = s.heads, d = s.dim;
+  std::vector<float> m(units * heads), l(units * heads), acc(units * heads * d);
   at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> scores;
     for (int64_t u = u0; u < u1; ++u) {
@@ -228,13 +229,13 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
       const int64_t part = u - unit0[r];
       const int64_t n = lp[r] - first[r], chunk = (n + splits[r] - 1) / splits[r];
       const int64_t t0 = first[r] + part * chunk, t1 = std::min(lp[r], t0 + chunk);
-      float* mu = m.data() + u * g;
-      float* lu = l.data() + u * g;
-      float* au = acc.data() + u * g * d;
+      float* mu = m.data() + u * heads;
+      float* lu = l.data() + u * heads;
+      float* au = acc.data() + u * heads * d;
       if (t0 >= t1) {
-        std::fill(mu, mu + g, -std::numeric_limits<float>::infinity());
-        std::fill(lu, lu + g, 0.f);
-        std::fill(au, au + g * d, 0.f);
+        std::fill(mu, mu + heads, -std::numeric_limits<float>::infinity());
+        std::fill(lu, lu + heads, 0.f);
+        std::fill(au, au + heads * d, 0.f);
         continue;
       }
       attend_split(s, qp + r * s.heads * d, kp, vp, tp + r * s.width, t0, t1,
@@ -244,23 +245,21 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   auto out = at::empty({s.rows, s.heads, d}, q.options());
   float* op = out.data_ptr<float>();
   for (int64_t r = 0; r < s.rows; ++r) {
-    {
-      for (int64_t h = 0; h < g; ++h) {
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t p = 0; p < splits[r]; ++p)
-          top = std::max(top, m[(unit0[r] + p) * g + h]);
-        float total = 0.f;
-        float* o = op + (r * s.heads + h) * d;
-        std::fill(o, o + d, 0.f);
-        for (int64_t p = 0; p < splits[r]; ++p) {
-          const int64_t u = unit0[r] + p;
-          const float w = l[u * g + h] > 0.f ? std::exp(m[u * g + h] - top) : 0.f;
-          total += w * l[u * g + h];
-          const float* a = acc.data() + (u * g + h) * d;
-          for (int64_t j = 0; j < d; ++j) o[j] += w * a[j];
-        }
-        for (int64_t j = 0; j < d; ++j) o[j] /= total;
+    for (int64_t h = 0; h < heads; ++h) {
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t p = 0; p < splits[r]; ++p)
+        top = std::max(top, m[(unit0[r] + p) * heads + h]);
+      float total = 0.f;
+      float* o = op + (r * heads + h) * d;
+      std::fill(o, o + d, 0.f);
+      for (int64_t p = 0; p < splits[r]; ++p) {
+        const int64_t u = unit0[r] + p;
+        const float w = l[u * heads + h] > 0.f ? std::exp(m[u * heads + h] - top) : 0.f;
+        total += w * l[u * heads + h];
+        const float* a = acc.data() + (u * heads + h) * d;
+        for (int64_t j = 0; j < d; ++j) o[j] += w * a[j];
       }
+      for (int64_t j = 0; j < d; ++j) o[j] /= total;
     }
   }
   return out;
