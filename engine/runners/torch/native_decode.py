@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.runners.torch import native_gemm, packed_linear
+from engine.runners.torch import packed_linear
 from engine.runners.torch.attention import native_decode_usable
 from engine.runners.torch.decode_inputs import DecodeInputs
 from engine.runners.torch.fused_linear import fused_groups
@@ -58,7 +58,7 @@ def _packed(mod: nn.Module, what: str) -> packed_linear.PackedLayer:
     if key is None:
         raise Unsupported(f"{what} is not packed")
     layer = packed_linear._LAYERS[key]
-    if layer.weight.layout != torch.strided:
+    if layer.onednn:
         raise Unsupported(f"{what} is packed for oneDNN, not the native kernel")
     return layer
 
@@ -115,11 +115,7 @@ class NativeDecodeStep:
             raise Unsupported(f"activation {getattr(config, 'hidden_act', None)!r}")
         if getattr(config, "pretraining_tp", 1) != 1:
             raise Unsupported("pretraining_tp > 1")
-        spec = kv_cache.spec
-        if kv_cache.key[0].device.type != "cpu" or spec.dtype != torch.float32:
-            raise Unsupported("not a float32 CPU cache")
-        if spec.head_dim % 8 or not native_gemm.available():
-            raise Unsupported("the native kernels do not apply")
+        spec = kv_cache.spec  # the attention's check: a float32 CPU cache, kernels built
         if not native_decode_usable(torch.empty(1, 1, spec.head_dim), kv_cache.key[0]):
             raise Unsupported("the native decode attention is off or does not apply")
         if getattr(config, "partial_rotary_factor", None) not in (None, 1.0):

@@ -67,16 +67,21 @@ class PackedLayer:
     scales: torch.Tensor | None = None  # quantised panels' block scales
     bits: int = 32  # 4 or 8 for quantised panels
 
+    @property
+    def onednn(self) -> bool:
+        """Packed for oneDNN: an opaque tensor no compiled graph or native step can read."""
+        return self.weight.is_mkldnn
+
     def dense(self) -> torch.Tensor:
         """The weight as ``[width, in]``."""
-        if self.weight.is_mkldnn:
+        if self.onednn:
             return self.weight.to_dense()
         if self.scales is not None:
             return native_gemm.dequantize(self.weight, self.scales, self.bits, self.width)
         return native_gemm.unpack(self.weight, self.width)
 
     def nbytes(self) -> int:
-        if self.weight.is_mkldnn:  # an opaque tensor: its dense size
+        if self.onednn:  # an opaque tensor: its dense size
             return self.weight.numel() * 4
         extra = self.scales.nbytes if self.scales is not None else 0
         return self.weight.nbytes + extra
@@ -105,7 +110,7 @@ def _linear(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
     if layer.scales is not None:
         return native_gemm.linear_quantized(x, layer.weight, layer.scales, layer.bits,
                                             layer.width, layer.bias)
-    if layer.weight.is_mkldnn:
+    if layer.onednn:
         return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "none", [], "")
     return native_gemm.linear(x, layer.weight, layer.width, layer.bias)
 
@@ -138,7 +143,7 @@ def _(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
 def _packed_forward(key: int, out_features: int, x: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         layer = _LAYERS[key]
-        if layer.weight.layout != torch.strided:  # oneDNN's opaque tensor: behind the key
+        if layer.onednn:  # an opaque tensor: behind the key
             return torch.ops.genserve.packed_linear(x, key, out_features)
         # The native kernel's panels are plain tensors: the graph takes them as inputs and
         # calls the C++ op itself, without the keyed Python op's ~20 us round trip a layer
