@@ -22,6 +22,7 @@ equals ``decode(..., clean_up_tokenization_spaces=False)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -39,6 +40,25 @@ MAX_PENDING_TOKENS = 16
 TRIM_AT = 32
 
 
+def backend_decode(tokenizer: Any) -> Callable[..., str] | None:
+    """The Rust ``tokenizers.Tokenizer.decode`` behind a transformers fast tokenizer whose
+    ``decode`` does nothing else once clean-up is off (its stock ``decode``/``_decode``),
+    else None. Why: transformers' wrapper costs more than the decode of a short window
+    itself, twice a token on the engine thread's critical path."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    cls = type(tokenizer)
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (isinstance(tokenizer, TokenizersBackend) and backend is not None
+            and cls.decode is PreTrainedTokenizerBase.decode
+            and cls._decode is TokenizersBackend._decode):
+        return backend.decode
+    return None
+
+
 class IncrementalDetokenizer:
     """Turns one sequence's output tokens into text, one token at a time."""
 
@@ -46,6 +66,7 @@ class IncrementalDetokenizer:
                  skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
+        self._backend_decode = backend_decode(tokenizer)
         self._ids: list[int] = list(prompt_token_ids[-PROMPT_CONTEXT:])
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
@@ -55,6 +76,8 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""
+        if self._backend_decode is not None:
+            return self._backend_decode(ids, skip_special_tokens=self._skip_special_tokens)
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens,
                                       clean_up_tokenization_spaces=False)
 

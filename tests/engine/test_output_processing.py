@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from engine.detokenizer import MAX_PENDING_TOKENS, IncrementalDetokenizer
+from engine.detokenizer import MAX_PENDING_TOKENS, IncrementalDetokenizer, backend_decode
 from engine.outputs import FinishReason
 from engine.sampling_params import SamplingParams
 from engine.stop_checker import AppendResult, OutputState
@@ -153,6 +153,23 @@ def test_cost_per_token_is_a_small_window(tokenizer, partial_ids, special_ids, g
     assert got == decode(tokenizer, ids)
     assert counting.longest <= 2 * MAX_PENDING_TOKENS
     assert counting.calls <= 2 * len(ids) + 2
+
+
+def test_stock_fast_tokenizer_decodes_through_its_rust_backend(tokenizer):
+    """The detokenizer calls the Rust decode directly only where transformers' ``decode``
+    adds nothing once clean-up is off; a wrapper or an overridden ``decode`` keeps its own
+    (the other tests' streams equal ``tokenizer.decode`` through both paths)."""
+    assert backend_decode(tokenizer) == tokenizer.backend_tokenizer.decode
+    assert backend_decode(CountingTokenizer(tokenizer)) is None
+
+    class Custom(type(tokenizer)):
+        def decode(self, *args, **kwargs):
+            return "custom"
+
+    custom = Custom.__new__(Custom)
+    custom.__dict__.update(tokenizer.__dict__)
+    assert backend_decode(custom) is None
+    assert IncrementalDetokenizer(custom, []).step(tokenizer.encode(" hi")[0]) == "custom"
 
 
 # ---- stop handling --------------------------------------------------------------------
