@@ -10,6 +10,8 @@
   model a stream per sequence: not a target, the lever measured);
 - time to first token of a 1,024-, a 3,000- and a 384-token prompt vs HF (a new prompt
   each round: no prefix cache hit);
+- beside batch 1 (not a target: the default sends a message per token), a server with
+  ``--stream-interval 4``, whose fewer messages cost the shared cores less;
 - the first minute after SERVING vs steady state, at batch 1, each as its ratio to
   ``Llama.generate`` in the same rounds (so the machine's drift cancels);
 - the time to SERVING on an empty weights cache (a fresh pod's first start: the .gguf
@@ -60,6 +62,9 @@ LONG_PROMPTS = (1024, 3000, 384)
 # A second llama.cpp server for the 32-client row with one unified KV cache (the default
 # before 2026-11-28, and still a big model's), where the default model gets a stream each.
 UNIFIED_FLAGS = ("--no-kv-streams",)
+# A third for the batch-1 rows: fewer, larger stream messages (not the default: a message
+# per token is), the gRPC overhead it takes off two shared cores measured.
+INTERVAL_FLAGS = ("--stream-interval", "4")
 TEXT = ("The committee reviewed the quarterly figures, noting that revenue in the northern "
         "region rose while costs in logistics fell, and asked for a forecast of next year. ")
 
@@ -130,6 +135,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
     serving_at = time.monotonic()
     llm = None
     unified = None  # the --no-kv-streams server (llama.cpp runner only)
+    interval = None  # the --stream-interval 4 server (llama.cpp runner only)
     try:
         info = model_info(address)
         if info.runner == "llamacpp" and llama_cpp_available():
@@ -159,17 +165,25 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                 model, (unified_port := free_port()), RESULTS / "server-unified-kv.log",
                 runner="auto", quiet=False,
                 extra=("--metrics-port", "0", "--requantize", requantize, *UNIFIED_FLAGS))
+            interval = start_server_process(
+                model, (interval_port := free_port()), RESULTS / "server-stream-interval.log",
+                runner="auto", quiet=False,
+                extra=("--metrics-port", "0", "--requantize", requantize, *INTERVAL_FLAGS))
         # Steady state: background work (compile workers) done.
         time.sleep(PRESTART_IDLE_S + 1.0)
         wait_quiet(server.proc.pid)
-        if unified is not None:
-            wait_quiet(unified.proc.pid)
+        for other in (unified, interval):
+            if other is not None:
+                wait_quiet(other.proc.pid)
 
         def hf1() -> Row:
             with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
                 return hf_sequential(torch_engine, n_seq, new)
 
-        runs1 = interleaved_runs(2 if quick else 3, {**b1_measures(), "hf": hf1})
+        m1 = {**b1_measures(), "hf": hf1}
+        if interval is not None:
+            m1["interval"] = lambda: grpc_clients(f"127.0.0.1:{interval_port}", 1, n_seq, new)
+        runs1 = interleaved_runs(2 if quick else 3, m1)
 
         def hf32() -> Row:
             with stock_transformers(torch_engine.runner.model):  # type: ignore[attr-defined]
@@ -192,8 +206,9 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             ttft[n] = got
     finally:
         server.stop()
-        if unified is not None:
-            unified.stop()
+        for other in (unified, interval):
+            if other is not None:
+                other.stop()
         if llm is not None:
             llm.close()
 
@@ -217,6 +232,14 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
     g32.ratios = {"HF static 32": paired_ratio(runs32["grpc"], runs32["hf"])}
     rows.update(hf1=hf1_row.__dict__, grpc1=g1.__dict__, first_minute=f1.__dict__,
                 hf32=hf32_row.__dict__, grpc32=g32.__dict__)
+    if "interval" in runs1:
+        i1 = median_run(runs1["interval"])
+        i1.name = f"gRPC server {' '.join(INTERVAL_FLAGS)}, batch 1"
+        i1.ratios = {"default server": paired_ratio(runs1["interval"], runs1["grpc"])}
+        if "llama" in runs1:
+            i1.ratios["Llama.generate batch 1"] = paired_ratio(runs1["interval"],
+                                                               runs1["llama"])
+        rows["grpc1_interval"] = i1.__dict__
     if "unified" in runs32:
         u32 = median_run(runs32["unified"])
         u32.name = f"gRPC server {' '.join(UNIFIED_FLAGS)}, 32 streaming clients"

@@ -7,7 +7,9 @@ the event loop thread, and on a CPU whose cores the forward keeps busy that thre
 comes out of the step's (the GIL, and a core taken from torch's threads). A stream
 (``generate()``) gets each step's output through its own ``asyncio.Queue``; a unary request
 (``complete()``) is merged on the engine thread and its caller woken once, when it
-finishes. Closing or cancelling either aborts the request (its KV cache is freed).
+finishes. Closing or cancelling either aborts the request (its KV cache is freed). With
+``stream_interval`` n > 1 a stream's outputs are held on the engine thread until they carry
+n tokens (its first token and its end go at once): fewer wake-ups and messages.
 
 Torch work off the event loop runs in threads that end with it (``in_own_thread``), never
 on the event loop or in asyncio's executor: see there why.
@@ -109,6 +111,10 @@ class AsyncEngine:
         # duration in seconds and whether it computed prompt tokens (a prefill)
         self.on_step: Callable[[int, float, bool], None] | None = None
         self._collectors: dict[str, OutputCollector] = {}  # engine-thread side: unary requests
+        # engine-thread side, streams under stream_interval > 1: outputs held back until
+        # they carry that many tokens, and the streams whose first token went out
+        self._held: dict[str, RequestOutput] = {}
+        self._streaming: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -400,15 +406,40 @@ class AsyncEngine:
         once, finished."""
         now = time.perf_counter()
         collectors = self._collectors
+        interval = self.config.stream_interval
         for out in outputs:
             collector = collectors.get(out.request_id)
             if collector is None:
-                ready.append((out.request_id, out))
+                sent = self._hold(out, interval) if interval > 1 else out
+                if sent is not None:
+                    ready.append((sent.request_id, sent))
                 continue
             collector.add(out, now)
             if out.finished:
                 del collectors[out.request_id]
                 ready.append((out.request_id, collector))
+
+    def _hold(self, out: RequestOutput, interval: int) -> RequestOutput | None:
+        """``out`` merged into what its stream holds; None while that stays held: until
+        some sequence has ``interval`` new tokens. Never held: the first token (time to
+        first token is what a user waits on), a finish, prompt logprobs."""
+        rid = out.request_id
+        held = self._held.pop(rid, None)
+        if held is not None:
+            held.add(out)
+            out = held
+        if out.finished:
+            self._streaming.discard(rid)
+            return out
+        has_tokens = any(d.token_ids for d in out.deltas)
+        if (rid not in self._streaming and has_tokens) or out.prompt_logprobs is not None \
+                or any(len(d.token_ids) >= interval or d.finish_reason is not None
+                       for d in out.deltas):
+            if has_tokens:
+                self._streaming.add(rid)
+            return out
+        self._held[rid] = out
+        return None
 
     def _run(self) -> None:
         assert self._loop is not None

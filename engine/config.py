@@ -57,6 +57,13 @@ class EngineConfig:
     # Prompts with more than the threshold left to prefill that may prefill at once; the
     # rest wait, and shorter prompts queued behind them are admitted meanwhile.
     max_long_partial_prefills: int = 1
+    # Tokens a stream's message carries at least (the first token and the last message
+    # go out at once): 1 = a message per step, as vLLM's and SGLang's stream_interval
+    # default. Each message costs the server's event loop and the client CPU (~1.3 ms a
+    # token beside a ~15 ms llama.cpp step on two cores); 4 gave ~4% more batch-1
+    # throughput there, ~7% at 32 streaming clients (AsyncEngine._hold,
+    # docs/operations.md).
+    stream_interval: int = 1
     # llama.cpp runner: prompts of at least this many tokens (to prefill from scratch) are
     # prefilled by the torch model in bf16 and their KV handed to llama.cpp, on a CPU with
     # AVX512-BF16 (engine/runners/llamacpp_handoff.py); 0 = llama.cpp prefills everything.

@@ -81,6 +81,11 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
     ("--max-long-partial-prefills", "max_long_partial_prefills", positive_int,
      "prompts longer than --long-prefill-token-threshold prefilling at once; shorter "
      "prompts queued behind the others go first"),
+    ("--stream-interval", "stream_interval", positive_int,
+     "tokens a GenerateStream message carries at least (the first token and the end go "
+     "out at once): 1 = a message per token; more = fewer messages for the server and "
+     "its clients to handle, tokens arriving in bursts (4 on 2 CPU cores: ~4%% more "
+     "batch-1 throughput, ~7%% at 32 streaming clients)"),
     ("--kv-cache-memory", "kv_cache_memory", parse_bytes,
      "memory for the KV cache, e.g. 2GiB (default: 1 GiB; on the llama.cpp runner with a "
      "KV stream per sequence, what its streams take)"),

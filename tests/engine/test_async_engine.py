@@ -395,3 +395,53 @@ def test_in_own_thread_raises_the_functions_error():
 
     with pytest.raises(ValueError, match="bad model path"):
         asyncio.run(in_own_thread(boom))
+
+
+def _stream(model_dir, interval: int, params: SamplingParams,
+            stop_after: int | None = None) -> tuple[list[list[int]], list[str], AsyncEngine]:
+    """Each message's tokens and text of one greedy stream under ``stream_interval``;
+    with ``stop_after``, the caller closes the stream after that many messages."""
+    engine = LLMEngine(EngineConfig(model=str(model_dir), stream_interval=interval))
+
+    async def main() -> tuple[list[list[int]], list[str], AsyncEngine]:
+        ae = AsyncEngine(engine)
+        ae.start()
+        tokens: list[list[int]] = []
+        texts: list[str] = []
+        stream = ae.generate("s", [5, 6, 7], params)
+        async for out in stream:
+            tokens.append([t for d in out.deltas for t in d.token_ids])
+            texts.append("".join(d.text for d in out.deltas))
+            if stop_after is not None and len(tokens) == stop_after:
+                break
+        await stream.aclose()
+        await asyncio.sleep(0.2)  # the abort reaches the engine thread
+        await ae.shutdown()
+        return tokens, texts, ae
+
+    return asyncio.run(main())
+
+
+def test_stream_interval_sends_the_first_token_alone_then_messages_of_at_least_n_tokens(
+        tiny_model_dir):
+    params = SamplingParams(max_new_tokens=23, min_new_tokens=23)
+    each, each_text, _ = _stream(tiny_model_dir, 1, params)
+    grouped, grouped_text, ae = _stream(tiny_model_dir, 4, params)
+    flat = [t for m in grouped for t in m]
+    assert flat == [t for m in each for t in m] and len(flat) == 23
+    assert "".join(grouped_text) == "".join(each_text)
+    assert len(grouped[0]) == 1  # time to first token is not held back
+    assert all(len(m) >= 4 for m in grouped[1:-1]), grouped
+    assert len(grouped) <= 1 + -(-22 // 4)  # far fewer messages than tokens
+    assert not ae._held and not ae._streaming
+
+
+def test_closing_a_stream_while_its_tokens_are_held_aborts_it_and_keeps_nothing(
+        tiny_model_dir):
+    tokens, _, ae = _stream(tiny_model_dir, 8, SamplingParams(max_new_tokens=200,
+                                                              min_new_tokens=200),
+                            stop_after=2)
+    assert len(tokens) == 2 and len(tokens[1]) >= 8
+    assert not ae._held and not ae._streaming
+    assert not ae.engine.requests
+    assert ae.engine.scheduler.allocator.num_used == 0

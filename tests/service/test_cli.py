@@ -65,6 +65,14 @@ def test_long_prefill_flags_reach_the_engine_config(monkeypatch):
     assert seen.engine.max_long_partial_prefills == 2
 
 
+def test_stream_interval_flag_reaches_the_engine_config(monkeypatch, capsys):
+    assert _served_config(monkeypatch, []).engine.stream_interval == 1  # a message a token
+    assert _served_config(monkeypatch, ["--stream-interval", "4"]).engine.stream_interval == 4
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--stream-interval", "0"])
+    assert e.value.code == 2 and "--stream-interval" in capsys.readouterr().err
+
+
 def test_max_lora_wait_flag_reaches_the_engine_config(monkeypatch):
     assert _served_config(monkeypatch, []).engine.max_lora_wait_s == 60.0
     assert _served_config(monkeypatch, ["--max-lora-wait-s", "2.5"]).engine.max_lora_wait_s \

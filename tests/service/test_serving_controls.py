@@ -33,3 +33,30 @@ def test_seed_makes_the_picked_seeds_replayable():
     assert sampling_seed(0.7, 42) == 42 and sampling_seed(0.0, None) is None
     seed_sampling(6)
     assert sampling_seed(0.7, None) != first[0]
+
+
+def test_stream_interval_groups_a_streams_tokens_into_fewer_messages(tiny_model_dir):
+    from engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine.from_config(EngineConfig(model=str(tiny_model_dir), max_model_len=256,
+                                                  stream_interval=5))
+    running, _ = start_server(engine, structured=None)
+    try:
+        with grpc.insecure_channel(running.address) as ch:
+            stub = pb_grpc.GenerationServiceStub(ch)
+            req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 6, 7]),
+                                     stopping=pb.StoppingCriteria(max_new_tokens=21,
+                                                                  min_new_tokens=21))
+            msgs = [m for m in stub.GenerateStream(pb.GenerateStreamRequest(request=req),
+                                                   timeout=60) if m.token_ids]
+            whole = stub.Generate(pb.GenerateRequest(
+                prompt_token_ids=pb.TokenIds(ids=[5, 6, 7]),
+                stopping=pb.StoppingCriteria(max_new_tokens=21, min_new_tokens=21),
+                output=pb.OutputOptions(return_token_ids=True)), timeout=60)
+    finally:
+        stop_server(running)
+    sizes = [len(m.token_ids) for m in msgs]
+    assert sizes[0] == 1 and all(n >= 5 for n in sizes[1:-1]), sizes
+    assert sum(sizes) == 21 and len(msgs) <= 5
+    assert [t for m in msgs for t in m.token_ids] == list(whole.completions[0].token_ids)
+    assert "".join(m.text for m in msgs) == whole.completions[0].text
