@@ -112,9 +112,8 @@ class AsyncEngine:
         self.on_step: Callable[[int, float, bool], None] | None = None
         self._collectors: dict[str, OutputCollector] = {}  # engine-thread side: unary requests
         # engine-thread side, streams under stream_interval > 1: outputs held back until
-        # they carry that many tokens, and the streams whose first token went out
+        # they carry that many tokens
         self._held: dict[str, RequestOutput] = {}
-        self._streaming: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -422,23 +421,19 @@ class AsyncEngine:
     def _hold(self, out: RequestOutput, interval: int) -> RequestOutput | None:
         """``out`` merged into what its stream holds; None while that stays held: until
         some sequence has ``interval`` new tokens. Never held: the first token (time to
-        first token is what a user waits on), a finish, prompt logprobs."""
-        rid = out.request_id
-        held = self._held.pop(rid, None)
+        first token is what a user waits on; an output is the first with tokens when it
+        carries all the request has), a finish, prompt logprobs."""
+        held = self._held.pop(out.request_id, None)
         if held is not None:
             held.add(out)
             out = held
-        if out.finished:
-            self._streaming.discard(rid)
-            return out
-        has_tokens = any(d.token_ids for d in out.deltas)
-        if (rid not in self._streaming and has_tokens) or out.prompt_logprobs is not None \
+        tokens = sum(len(d.token_ids) for d in out.deltas)
+        if out.finished or out.prompt_logprobs is not None \
+                or tokens == out.usage.completion_tokens > 0 \
                 or any(len(d.token_ids) >= interval or d.finish_reason is not None
                        for d in out.deltas):
-            if has_tokens:
-                self._streaming.add(rid)
             return out
-        self._held[rid] = out
+        self._held[out.request_id] = out
         return None
 
     def _run(self) -> None:

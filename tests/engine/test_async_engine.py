@@ -433,7 +433,7 @@ def test_stream_interval_sends_the_first_token_alone_then_messages_of_at_least_n
     assert len(grouped[0]) == 1  # time to first token is not held back
     assert all(len(m) >= 4 for m in grouped[1:-1]), grouped
     assert len(grouped) <= 1 + -(-22 // 4)  # far fewer messages than tokens
-    assert not ae._held and not ae._streaming
+    assert not ae._held
 
 
 def test_closing_a_stream_while_its_tokens_are_held_aborts_it_and_keeps_nothing(
@@ -442,6 +442,6 @@ def test_closing_a_stream_while_its_tokens_are_held_aborts_it_and_keeps_nothing(
                                                               min_new_tokens=200),
                             stop_after=2)
     assert len(tokens) == 2 and len(tokens[1]) >= 8
-    assert not ae._held and not ae._streaming
+    assert not ae._held
     assert not ae.engine.requests
     assert ae.engine.scheduler.allocator.num_used == 0

@@ -46,13 +46,11 @@ def test_stream_interval_groups_a_streams_tokens_into_fewer_messages(tiny_model_
             stub = pb_grpc.GenerationServiceStub(ch)
             req = pb.GenerateRequest(prompt_token_ids=pb.TokenIds(ids=[5, 6, 7]),
                                      stopping=pb.StoppingCriteria(max_new_tokens=21,
-                                                                  min_new_tokens=21))
+                                                                  min_new_tokens=21),
+                                     output=pb.OutputOptions(return_token_ids=True))
             msgs = [m for m in stub.GenerateStream(pb.GenerateStreamRequest(request=req),
                                                    timeout=60) if m.token_ids]
-            whole = stub.Generate(pb.GenerateRequest(
-                prompt_token_ids=pb.TokenIds(ids=[5, 6, 7]),
-                stopping=pb.StoppingCriteria(max_new_tokens=21, min_new_tokens=21),
-                output=pb.OutputOptions(return_token_ids=True)), timeout=60)
+            whole = stub.Generate(req, timeout=60)
     finally:
         stop_server(running)
     sizes = [len(m.token_ids) for m in msgs]
