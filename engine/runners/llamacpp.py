@@ -21,8 +21,8 @@ How the engine maps onto llama.cpp (low-level API of ``llama-cpp-python``):
   below that (rejected speculative tokens) first trims the sequence's cells from there.
 - Batch expansion's ``k + 1`` rows of one sequence are consecutive positions of one
   sequence id in the batch: llama.cpp masks them causally, exactly the multi-token query.
-- Logits are asked for only on the rows the contract returns; they are read with one
-  numpy view of llama.cpp's output buffer per ``llama_decode``.
+- Logits are asked for only on the rows the contract returns; they are read through
+  tensors over llama.cpp's output buffer, made once per buffer (``LogitsViews``).
 - Prefix caching: the cells of the scheduler's cached blocks live on in keeper sequence
   ids beyond the running ones (engine/runners/llamacpp_prefix.py); a sequence that starts
   from cached blocks gets their cells with ``llama_memory_seq_cp`` before its first chunk.
@@ -240,6 +240,36 @@ class BatchArrays:
         return b
 
 
+class LogitsViews:
+    """Tensors over llama.cpp's logits buffer, made once per buffer address and row count.
+    Why: right after a decode has streamed the weights through the caches, the
+    ``np.ctypeslib.as_array`` + ``torch.from_numpy`` of each step ran cold, ~0.15 ms of a
+    batch-1 step; a cached view costs one ctypes call and a dict lookup."""
+
+    def __init__(self, llama_cpp, vocab_size: int) -> None:
+        # llama_get_logits itself, returning the address as an int
+        function = ctypes.cast(llama_cpp.llama_get_logits, ctypes.c_void_p).value
+        assert function is not None
+        self._address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(function)
+        self.vocab_size = vocab_size
+        self._at: int | None = None
+        self._views: dict[int, torch.Tensor] = {}
+
+    def rows(self, ctx, k: int) -> torch.Tensor:
+        """The ``[k, vocab]`` logits of the last decode (valid until the next one)."""
+        address = self._address(ctx)
+        if not address:
+            raise RuntimeError("llama.cpp returned no logits buffer")
+        if address != self._at:  # llama.cpp reallocated its output buffer
+            self._at, self._views = address, {}
+        view = self._views.get(k)
+        if view is None:
+            buf = (ctypes.c_float * (k * self.vocab_size)).from_address(address)
+            view = torch.frombuffer(buf, dtype=torch.float32).view(k, self.vocab_size)
+            self._views[k] = view
+        return view
+
+
 class LlamaCppRunner:
     name = "llamacpp"
     # Cached blocks' cells are kept in keeper sequence ids and shared with seq_cp
@@ -373,6 +403,7 @@ class LlamaCppRunner:
         self.n_batch = llama_cpp.llama_n_batch(self.ctx)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.arrays = BatchArrays.allocate(self.n_batch)
+        self._logits = LogitsViews(llama_cpp, self.vocab_size)
         self._slot_of: dict[int, int] = {}  # engine seq id -> llama.cpp seq id
         # lowest first: with a stream per sequence, llama.cpp puts only sequences of
         # consecutive ids in one ubatch, so the running ones should sit together
@@ -977,7 +1008,7 @@ class LlamaCppRunner:
         # buffer, no copy (6 MB for 32 decodes). It stays valid until this context's next
         # llama_decode: the rest of this engine step, which consumes the logits before it.
         single = n <= self.n_batch
-        out = torch.empty(0 if single else len(rows), self.vocab_size)
+        out = None if single else torch.empty(len(rows), self.vocab_size)
         done = 0
         for start in range(0, n, self.n_batch):
             size = min(self.n_batch, n - start)
@@ -986,13 +1017,14 @@ class LlamaCppRunner:
                 raise RuntimeError(f"llama_decode failed ({rc}) on a batch of {size} tokens")
             k = 1 if len(rows) == 1 else int(a.logits[start:start + size].sum())
             if k:
-                got = np.ctypeslib.as_array(self.llama_cpp.llama_get_logits(self.ctx),
-                                            shape=(k, self.vocab_size))
-                if single:
-                    out = torch.from_numpy(got)
+                got = self._logits.rows(self.ctx, k)
+                if out is None:
+                    out = got
                 else:
-                    out.numpy()[done:done + k] = got
+                    out[done:done + k] = got
                 done += k
+        if out is None:  # a chunk that asked for no logits
+            out = torch.empty(0, self.vocab_size)
         self._note_cached(slots, positions)
         if len(rows) > 1:
             # Outputs come back in batch order; ``order`` puts them in the contract's.
@@ -1005,8 +1037,7 @@ class LlamaCppRunner:
     def _note_cached(self, slots: list[int], positions: list[int]) -> None:
         """Each touched sequence now caches up to its last position of the step (its
         positions in a step are consecutive and in order)."""
-        last = dict(zip(slots, positions, strict=True))
-        for slot, pos in last.items():
+        for slot, pos in zip(slots, positions, strict=True):
             self._cached[slot] = pos + 1
 
 

@@ -274,6 +274,40 @@ def test_all_greedy_rows_with_bans_pick_the_best_allowed_id_without_copying_the_
     assert torch.equal(logits, before)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_engine_greedy_rows_pick_the_samplers_greedy_id_with_bans_ties_and_nan(dtype):
+    """The engine's greedy fast path (numpy alone for CPU float32 logits, the llama.cpp
+    runner's; torch otherwise) picks what the sampler's greedy pick would on each row it
+    is asked for: min_new_tokens bans EOS, ties go to the first id, NaN wins; the
+    caller's logits are left alone."""
+    from types import SimpleNamespace
+
+    from engine.sampling_rows import greedy_rows
+    from engine.step_layout import RowView
+
+    def view(outputs: int, min_new: int) -> RowView:
+        seq = SimpleNamespace(request=SimpleNamespace(params=SamplingParams()),
+                              output=SimpleNamespace(min_new_tokens=min_new), processors=[])
+        return RowView(seq, [0] * outputs)  # type: ignore[arg-type]
+
+    logits = rand_logits(5, seed=4)
+    logits[0, 7] = logits[0, 9] = 50.0  # tie: the first id
+    logits[1, 2] = 60.0  # EOS (2) wins, but min_new_tokens is unmet: banned
+    logits[1, 4] = logits[1, 6] = 40.0  # ... then the first of these
+    logits[2, 30] = float("nan")
+    logits[4, 2] = 60.0  # EOS allowed here: min_new_tokens met
+    logits = logits.to(dtype)
+    before = logits.clone()
+    views = [view(3, 0), view(0, 2), view(3, 0), view(3, 0), view(2, 2)]
+    masked = logits.float().clone()
+    masked[1, 2] = float("-inf")
+    for rows in ([0, 1, 2, 3, 4], [1, 2, 4]):  # every row in order, and a subset
+        assert greedy_rows(rows, views, logits, {2}) == masked[rows].argmax(-1).tolist()
+    assert greedy_rows([0, 1], views, logits, {2})[:2] == [7, 4]
+    assert torch.equal(logits.isnan(), before.isnan())
+    assert torch.equal(logits.nan_to_num(), before.nan_to_num())
+
+
 def test_row_argmax_is_torchs_argmax_including_ties_and_nan():
     from engine.sampler import row_argmax
 
