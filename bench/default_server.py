@@ -11,7 +11,9 @@
 - time to first token of a 1,024-, a 3,000- and a 384-token prompt vs HF (a new prompt
   each round: no prefix cache hit);
 - beside batch 1 (not a target: the default sends a message per token), a server with
-  ``--stream-interval 4``, whose fewer messages cost the shared cores less;
+  ``--stream-interval 4``, whose fewer messages cost the shared cores less, and the
+  thinnest gRPC server streaming ``Llama.generate`` itself (``bench.thin_server``): the
+  ceiling of a message a token through grpc.aio with the bench's client on these cores;
 - the first minute after SERVING vs steady state, at batch 1, each as its ratio to
   ``Llama.generate`` in the same rounds (so the machine's drift cancels);
 - the time to SERVING on an empty weights cache (a fresh pod's first start: the .gguf
@@ -28,6 +30,8 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from unittest import mock
@@ -136,6 +140,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
     llm = None
     unified = None  # the --no-kv-streams server (llama.cpp runner only)
     interval = None  # the --stream-interval 4 server (llama.cpp runner only)
+    thin = None  # bench.thin_server around Llama.generate (llama.cpp runner only)
     try:
         info = model_info(address)
         if info.runner == "llamacpp" and llama_cpp_available():
@@ -169,6 +174,14 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                 model, (interval_port := free_port()), RESULTS / "server-stream-interval.log",
                 runner="auto", quiet=False,
                 extra=("--metrics-port", "0", "--requantize", requantize, *INTERVAL_FLAGS))
+            if llm is not None:
+                thin = subprocess.Popen(
+                    [sys.executable, "-m", "bench.thin_server", "--gguf",
+                     gguf_path(model, requantize), "--port", str(thin_port := free_port()),
+                     "--threads", str(threads)],
+                    stdout=(RESULTS / "thin-server.log").open("w"), stderr=subprocess.STDOUT)
+                with grpc.insecure_channel(f"127.0.0.1:{thin_port}") as ch:
+                    grpc.channel_ready_future(ch).result(timeout=120)
         # Steady state: background work (compile workers) done.
         time.sleep(PRESTART_IDLE_S + 1.0)
         wait_quiet(server.proc.pid)
@@ -183,6 +196,8 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
         m1 = {**b1_measures(), "hf": hf1}
         if interval is not None:
             m1["interval"] = lambda: grpc_clients(f"127.0.0.1:{interval_port}", 1, n_seq, new)
+        if thin is not None:
+            m1["thin"] = lambda: grpc_clients(f"127.0.0.1:{thin_port}", 1, n_seq, new)
         runs1 = interleaved_runs(2 if quick else 3, m1)
 
         def hf32() -> Row:
@@ -209,6 +224,9 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
         for other in (unified, interval):
             if other is not None:
                 other.stop()
+        if thin is not None:
+            thin.terminate()
+            thin.wait(60)
         if llm is not None:
             llm.close()
 
@@ -240,6 +258,12 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             i1.ratios["Llama.generate batch 1"] = paired_ratio(runs1["interval"],
                                                                runs1["llama"])
         rows["grpc1_interval"] = i1.__dict__
+    if "thin" in runs1:
+        t1 = median_run(runs1["thin"])
+        t1.name = "thin gRPC server streaming Llama.generate, batch 1 (the ceiling)"
+        t1.ratios = {"Llama.generate batch 1": paired_ratio(runs1["thin"], runs1["llama"])}
+        g1.ratios["thin server"] = paired_ratio(runs1["grpc"], runs1["thin"])
+        rows["thin1"] = t1.__dict__
     if "unified" in runs32:
         u32 = median_run(runs32["unified"])
         u32.name = f"gRPC server {' '.join(UNIFIED_FLAGS)}, 32 streaming clients"
