@@ -50,7 +50,13 @@ from bench.measure import (
     print_table,
     prompts,
 )
-from bench.server import free_port, grpc_clients, start_server_process, wait_quiet
+from bench.server import (
+    ServerProcess,
+    free_port,
+    grpc_clients,
+    start_server_process,
+    wait_quiet,
+)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.loading.weights_cache import CACHE_DIR_ENV
@@ -175,11 +181,12 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
                 runner="auto", quiet=False,
                 extra=("--metrics-port", "0", "--requantize", requantize, *INTERVAL_FLAGS))
             if llm is not None:
-                thin = subprocess.Popen(
+                thin_log = RESULTS / "thin-server.log"
+                thin = ServerProcess(subprocess.Popen(
                     [sys.executable, "-m", "bench.thin_server", "--gguf",
                      gguf_path(model, requantize), "--port", str(thin_port := free_port()),
                      "--threads", str(threads)],
-                    stdout=(RESULTS / "thin-server.log").open("w"), stderr=subprocess.STDOUT)
+                    stdout=thin_log.open("w"), stderr=subprocess.STDOUT), thin_log, 0.0)
                 with grpc.insecure_channel(f"127.0.0.1:{thin_port}") as ch:
                     grpc.channel_ready_future(ch).result(timeout=120)
         # Steady state: background work (compile workers) done.
@@ -221,12 +228,9 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
             ttft[n] = got
     finally:
         server.stop()
-        for other in (unified, interval):
+        for other in (unified, interval, thin):
             if other is not None:
                 other.stop()
-        if thin is not None:
-            thin.terminate()
-            thin.wait(60)
         if llm is not None:
             llm.close()
 
