@@ -236,18 +236,19 @@ def load_torch_prefill(source: Any, threads: int, rope_pairs: bool,
                        ) -> TorchPrefill:
     """The model from the weights cache in ``dtype``, its RoPE fixed as the runner's
     llama.cpp runs it (raises what loading raises). bf16: attention as
-    ``blocked_attention``'s GEMMs. float32: SDPA's flash kernel split at the chunk's
-    past (``split_causal_attention``) and packed linears (as the torch runner's:
-    packed_linear.py); SDPA was measured faster than blocked attention in float32
-    (1,024 tokens 2.87 s against 3.05 s, 3,000 tokens 10.98 s against 12.21 s, 2-core
-    AVX2 EPYC), and split faster than SDPA's masked call."""
+    ``blocked_attention``'s GEMMs. float32: the native flash-attention kernel
+    (``native_causal_attention``; where it is not built, SDPA's flash kernel split at the
+    chunk's past) and packed linears (as the torch runner's: packed_linear.py); SDPA was
+    measured faster than blocked attention in float32 (1,024 tokens 2.87 s against 3.05
+    s, 3,000 tokens 10.98 s against 12.21 s, 2-core AVX2 EPYC), split faster than SDPA's
+    masked call, and the native kernel faster than both."""
     from engine.loading.model_loader import load_model
     from engine.loading.rope_scaling import fix_rotary
-    from engine.runners.blocked_attention import NAME, SPLIT_NAME
+    from engine.runners.blocked_attention import NAME, NATIVE_NAME
     from engine.runners.torch.packed_linear import can_pack, pack_linears
 
     cpu = torch.device("cpu")
-    model = load_model(source, dtype, cpu, NAME if dtype == torch.bfloat16 else SPLIT_NAME)
+    model = load_model(source, dtype, cpu, NAME if dtype == torch.bfloat16 else NATIVE_NAME)
     fix_rotary(model, max_model_len)
     if not hasattr(model, "model") or not hasattr(model, "lm_head"):
         raise ValueError(f"{type(model).__name__} has no .model / .lm_head")

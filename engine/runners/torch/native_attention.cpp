@@ -1,5 +1,6 @@
-// Decode attention over the torch runner's paged KV cache, read in place, for fp32 on x86
-// CPUs with AVX2 and FMA (built into the same library as native_gemm.cpp).
+// Decode attention over the torch runner's paged KV cache, read in place, and the causal
+// attention of a prompt chunk (the llama.cpp runner's float32 torch prefill; below), for
+// fp32 on x86 CPUs with AVX2 and FMA (built into the same library as native_gemm.cpp).
 //
 // The eager path gathers each row's blocks into one tensor (index_select) and runs SDPA
 // over it: per layer and step it copies the whole context, at ~1.4 GB/s effective on a
@@ -17,6 +18,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -43,6 +45,12 @@ inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
+inline float hmax(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -180,6 +188,163 @@ void attend_split(const Shape& s, const float* q, const float* kc, const float* 
   }
 }
 
+// ---- Causal prefill: one sequence's prompt chunk over its cached past and itself ----
+//
+// The llama.cpp runner's float32 torch prefill (long prompts, handed to llama.cpp) spent
+// ~25-40% of its time in SDPA's CPU flash kernel, which runs a head size of 64 at ~60-100
+// GFLOP/s on a 2-core AVX2 EPYC. Here, flash attention with register tiles: each work unit
+// is 48 query rows of one head; for each block of 128 keys, the scores of 6 rows x 16 keys
+// a tile (keys read from a transposed copy in panels of 16), an online softmax per row, then
+// the weighted values 6 rows x 16 columns a tile. Units go to threads from a shared
+// counter, the most-seeing (last) rows first, since causal units differ in work.
+
+constexpr int MR = 6;     // query rows a register tile
+constexpr int NR = 16;    // keys, or value columns, a register tile
+constexpr int KB = 128;   // keys a block
+constexpr int QB = 48;    // query rows a work unit (8 tiles)
+
+// s[r][0 : 16] = q[r] . keys j0 .. j0 + 15 for the 6 rows of a tile; kt is the keys' panel,
+// [D][16].
+template <int D>
+inline void qk_tile(const float* q, const float* kt, float* s) {
+  __m256 c[MR][2];
+  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int d = 0; d < D; ++d) {
+    const __m256 b0 = _mm256_loadu_ps(kt + d * NR);
+    const __m256 b1 = _mm256_loadu_ps(kt + d * NR + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(q + r * D + d);
+      c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+      c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(s + r * KB, c[r][0]);
+    _mm256_storeu_ps(s + r * KB + 8, c[r][1]);
+  }
+}
+
+// acc[r][0 : 16] += sum over j < n of p[r][j] v[j][0 : 16] for the 6 rows of a tile.
+inline void pv_tile(const float* p, const float* v, int64_t v_stride, int64_t n, float* acc,
+                    int64_t acc_stride) {
+  __m256 c[MR][2];
+  for (int r = 0; r < MR; ++r) {
+    c[r][0] = _mm256_loadu_ps(acc + r * acc_stride);
+    c[r][1] = _mm256_loadu_ps(acc + r * acc_stride + 8);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const __m256 b0 = _mm256_loadu_ps(v + j * v_stride);
+    const __m256 b1 = _mm256_loadu_ps(v + j * v_stride + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < MR; ++r) {
+      const __m256 a = _mm256_broadcast_ss(p + r * KB + j);
+      c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+      c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(acc + r * acc_stride, c[r][0]);
+    _mm256_storeu_ps(acc + r * acc_stride + 8, c[r][1]);
+  }
+}
+
+// Scores of one row's block (s[0 : n16]; keys from `seen` on are masked) folded into its
+// running maximum m, sum l and unnormalised output acc[0 : D]; s becomes the weights.
+template <int D>
+inline void softmax_step(float* s, int64_t seen, int64_t n16, float& m, float& l, float* acc) {
+  constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+  for (int64_t j = seen; j < n16; ++j) s[j] = NEG_INF;
+  __m256 mx = _mm256_set1_ps(NEG_INF);
+  for (int64_t j = 0; j < n16; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+  const float top = std::max(m, hmax(mx));
+  const float corr = std::exp(m - top);
+  const __m256 topv = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n16; j += 8) {
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), topv));
+    _mm256_storeu_ps(s + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  for (int64_t j = seen; j < n16; ++j) s[j] = 0.f;  // exp256 floors at e^-87.3, not 0
+  l = l * corr + hsum(sum);
+  m = top;
+  if (corr != 1.f)
+    for (int d = 0; d < D; ++d) acc[d] *= corr;
+}
+
+// q [1, H, L, D] at positions past .. past + L - 1, k / v [1, KVH, past + L, D] (query head
+// h reads KV head h / (H / KVH)), out [1, L, H, D] contiguous.
+template <int D>
+void causal_prefill_into(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         float scale, at::Tensor& out) {
+  const int64_t H = q.size(1), L = q.size(2), KVH = k.size(1), S = k.size(2);
+  const int64_t group = H / KVH, past = S - L, panels = (S + NR - 1) / NR;
+  // The keys in panels of 16, [KVH][panel][D][16], zero past S; kept between calls (fresh
+  // pages cost here: see blocked_attention.py's _workspace).
+  thread_local std::vector<float> kt;
+  kt.resize(std::max<size_t>(kt.size(), KVH * panels * D * NR));
+  float* const ktp = kt.data();  // the workers below see their own thread_locals, not this
+  const float* kp = k.data_ptr<float>();
+  const int64_t kh = k.stride(1), ks = k.stride(2);
+  at::parallel_for(0, KVH * panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* panel = ktp + p * D * NR;
+      const int64_t h = p / panels, s0 = p % panels * NR;
+      for (int64_t j = 0; j < NR; ++j)
+        for (int d = 0; d < D; ++d)
+          panel[d * NR + j] = s0 + j < S ? kp[h * kh + (s0 + j) * ks + d] : 0.f;
+    }
+  });
+  const float* qp = q.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const int64_t qh = q.stride(1), ql = q.stride(2), vh = v.stride(1), vs = v.stride(2);
+  float* op = out.data_ptr<float>();
+  const int64_t blocks = (L + QB - 1) / QB, units = H * blocks;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
+    thread_local std::vector<float> qs, sc, acc, m, l;
+    qs.resize(QB * D), sc.resize(QB * KB), acc.resize(QB * D), m.resize(QB), l.resize(QB);
+    for (int64_t u; (u = next.fetch_add(1)) < units;) {
+      const int64_t b = blocks - 1 - u / H, h = u % H, kvh = h / group;
+      const int64_t i0 = b * QB, n = std::min<int64_t>(QB, L - i0);
+      const int64_t rows = (n + MR - 1) / MR * MR;  // a last tile's extra rows are zeros
+      for (int64_t r = 0; r < rows; ++r)
+        for (int d = 0; d < D; ++d)
+          qs[r * D + d] = r < n ? qp[h * qh + (i0 + r) * ql + d] * scale : 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+      std::fill(l.begin(), l.end(), 0.f);
+      const int64_t kend = past + i0 + n;  // the keys the unit's last row sees
+      const float* ktb = ktp + kvh * panels * D * NR;
+      for (int64_t k0 = 0; k0 < kend; k0 += KB) {
+        const int64_t kn = std::min<int64_t>(KB, kend - k0), kn16 = (kn + NR - 1) / NR * NR;
+        for (int64_t r0 = 0; r0 < rows; r0 += MR)
+          for (int64_t j0 = 0; j0 < kn16; j0 += NR)
+            qk_tile<D>(qs.data() + r0 * D, ktb + (k0 + j0) * D, sc.data() + r0 * KB + j0);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* s = sc.data() + r * KB;
+          const int64_t seen = r < n ? std::min<int64_t>(kn, past + i0 + r + 1 - k0) : 0;
+          if (seen <= 0)
+            std::fill(s, s + kn, 0.f);  // a row before this block's keys: nothing to add
+          else
+            softmax_step<D>(s, seen, kn16, m[r], l[r], acc.data() + r * D);
+        }
+        const float* vb = vp + kvh * vh + k0 * vs;
+        for (int64_t r0 = 0; r0 < rows; r0 += MR)
+          for (int d0 = 0; d0 < D; d0 += NR)
+            pv_tile(sc.data() + r0 * KB, vb + d0, vs, kn, acc.data() + r0 * D + d0, D);
+      }
+      for (int64_t r = 0; r < n; ++r) {
+        float* o = op + ((i0 + r) * H + h) * D;
+        const float inv = 1.f / l[r];
+        for (int d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // q [rows, heads, dim]; caches [blocks, block, kv_heads, dim]; tables [rows, width];
@@ -265,8 +430,33 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at
   return out;
 }
 
+// q [1, heads, L, dim] (any strides but the last), k / v [1, kv_heads, past + L, dim]:
+// causal attention of a prompt chunk at positions past .. past + L - 1, [1, L, heads, dim].
+at::Tensor causal_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == 1 &&
+                  k.size(0) == 1, "causal_prefill: q [1, H, L, D], k and v [1, KVH, S, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat, "causal_prefill: float32 only");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "causal_prefill: the last dimension must be contiguous");
+  TORCH_CHECK(k.size(3) == q.size(3) && q.size(1) % k.size(1) == 0 && k.size(2) >= q.size(2),
+              "causal_prefill: head sizes, head groups or lengths do not match");
+  const int64_t D = q.size(3);
+  auto out = at::empty({1, q.size(2), q.size(1), D}, q.options());
+  if (D == 64)
+    causal_prefill_into<64>(q, k, v, static_cast<float>(scale), out);
+  else if (D == 128)
+    causal_prefill_into<128>(q, k, v, static_cast<float>(scale), out);
+  else
+    TORCH_CHECK(false, "causal_prefill: head size ", D, " (64 or 128 only)");
+  return out;
+}
+
 TORCH_LIBRARY(genserve_attention, m) {
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, "
         "Tensor seq_lens, float scale, int window, float softcap) -> Tensor");
   m.impl("paged_decode", c10::DispatchKey::CPU, TORCH_FN(paged_decode));
+  m.def("causal_prefill(Tensor q, Tensor k, Tensor v, float scale) -> Tensor");
+  m.impl("causal_prefill", c10::DispatchKey::CPU, TORCH_FN(causal_prefill));
 }
