@@ -320,8 +320,12 @@ void causal_prefill_into(const at::Tensor& q, const at::Tensor& k, const at::Ten
       const float* ktb = ktp + kvh * panels * D * NR;
       for (int64_t k0 = 0; k0 < kend; k0 += KB) {
         const int64_t kn = std::min<int64_t>(KB, kend - k0), kn16 = (kn + NR - 1) / NR * NR;
+        // a tile's rows see keys before past + i0 + r0 + MR only: nothing later is computed
+        auto tile_keys = [&](int64_t r0) {
+          return std::clamp<int64_t>(past + i0 + r0 + MR - k0, 0, kn);
+        };
         for (int64_t r0 = 0; r0 < rows; r0 += MR)
-          for (int64_t j0 = 0; j0 < kn16; j0 += NR)
+          for (int64_t j0 = 0; j0 < tile_keys(r0); j0 += NR)
             qk_tile<D>(qs.data() + r0 * D, ktb + (k0 + j0) * D, sc.data() + r0 * KB + j0);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = sc.data() + r * KB;
@@ -334,7 +338,8 @@ void causal_prefill_into(const at::Tensor& q, const at::Tensor& k, const at::Ten
         const float* vb = vp + kvh * vh + k0 * vs;
         for (int64_t r0 = 0; r0 < rows; r0 += MR)
           for (int d0 = 0; d0 < D; d0 += NR)
-            pv_tile(sc.data() + r0 * KB, vb + d0, vs, kn, acc.data() + r0 * D + d0, D);
+            pv_tile(sc.data() + r0 * KB, vb + d0, vs, tile_keys(r0), acc.data() + r0 * D + d0,
+                    D);
       }
       for (int64_t r = 0; r < n; ++r) {
         float* o = op + ((i0 + r) * H + h) * D;
