@@ -19,8 +19,8 @@ call over the whole prompt: 4.05 s), 1,024 tokens 0.63 against 0.68 s.
 ``native_causal_attention`` (``NATIVE_NAME``) runs float32 head sizes of 64 and 128 through
 the native library's flash-attention kernel (``causal_prefill`` in
 engine/runners/torch/native_attention.cpp) where it is built: the same 30 layers' attention
-0.29 s against 0.50-0.55 s at 1,024 tokens, 2.3 s against 3.2 s at 3,000, as close to a
-float64 reference as SDPA's.
+0.29-0.36 s against 0.50-0.67 s at 1,024 tokens, 2.3-2.9 s against 3.2-4.3 s at 3,000
+(alternating), as close to a float64 reference as SDPA's.
 
 Scope: batch 1, a causal mask over positions ``past .. past + L - 1`` (a prompt chunk on
 top of ``past`` cached tokens: what the torch prefill runs); anything else (a sliding
@@ -121,7 +121,6 @@ def split_causal_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     return out.transpose(1, 2).contiguous(), None
 
 
-
 def native_causal_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
                             value: torch.Tensor, attention_mask: torch.Tensor | None,
                             dropout: float = 0.0, scaling: float | None = None,
@@ -140,6 +139,7 @@ def native_causal_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     key, value = (t if t.stride(-1) == 1 else t.contiguous() for t in (key, value))
     query = query if query.stride(-1) == 1 else query.contiguous()
     return torch.ops.genserve_attention.causal_prefill(query, key, value, scale), None
+
 
 _kept = threading.local()
 

@@ -203,50 +203,31 @@ constexpr int NR = 16;    // keys, or value columns, a register tile
 constexpr int KB = 128;   // keys a block
 constexpr int QB = 48;    // query rows a work unit (8 tiles)
 
-// s[r][0 : 16] = q[r] . keys j0 .. j0 + 15 for the 6 rows of a tile; kt is the keys' panel,
-// [D][16].
-template <int D>
-inline void qk_tile(const float* q, const float* kt, float* s) {
+// For the 6 rows r of a tile: out[r][0 : 16] (+)= sum over x < n of a[r][x] b[x][0 : 16],
+// rows of a `a_row` apart, of b `b_row`, of out `out_row`. The scores are q (a) times a
+// panel of keys (b: [D][16]); the weighted values are the weights (a) times the values.
+template <bool Accumulate>
+inline void tile_6x16(const float* a, int64_t a_row, const float* b, int64_t b_row, int64_t n,
+                      float* out, int64_t out_row) {
   __m256 c[MR][2];
-  for (int r = 0; r < MR; ++r) c[r][0] = c[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    c[r][0] = Accumulate ? _mm256_loadu_ps(out + r * out_row) : _mm256_setzero_ps();
+    c[r][1] = Accumulate ? _mm256_loadu_ps(out + r * out_row + 8) : _mm256_setzero_ps();
+  }
 #pragma GCC unroll 4
-  for (int d = 0; d < D; ++d) {
-    const __m256 b0 = _mm256_loadu_ps(kt + d * NR);
-    const __m256 b1 = _mm256_loadu_ps(kt + d * NR + 8);
+  for (int64_t x = 0; x < n; ++x) {
+    const __m256 b0 = _mm256_loadu_ps(b + x * b_row);
+    const __m256 b1 = _mm256_loadu_ps(b + x * b_row + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(q + r * D + d);
-      c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
-      c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+      const __m256 w = _mm256_broadcast_ss(a + r * a_row + x);
+      c[r][0] = _mm256_fmadd_ps(w, b0, c[r][0]);
+      c[r][1] = _mm256_fmadd_ps(w, b1, c[r][1]);
     }
   }
   for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(s + r * KB, c[r][0]);
-    _mm256_storeu_ps(s + r * KB + 8, c[r][1]);
-  }
-}
-
-// acc[r][0 : 16] += sum over j < n of p[r][j] v[j][0 : 16] for the 6 rows of a tile.
-inline void pv_tile(const float* p, const float* v, int64_t v_stride, int64_t n, float* acc,
-                    int64_t acc_stride) {
-  __m256 c[MR][2];
-  for (int r = 0; r < MR; ++r) {
-    c[r][0] = _mm256_loadu_ps(acc + r * acc_stride);
-    c[r][1] = _mm256_loadu_ps(acc + r * acc_stride + 8);
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    const __m256 b0 = _mm256_loadu_ps(v + j * v_stride);
-    const __m256 b1 = _mm256_loadu_ps(v + j * v_stride + 8);
-#pragma GCC unroll 6
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = _mm256_broadcast_ss(p + r * KB + j);
-      c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
-      c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(acc + r * acc_stride, c[r][0]);
-    _mm256_storeu_ps(acc + r * acc_stride + 8, c[r][1]);
+    _mm256_storeu_ps(out + r * out_row, c[r][0]);
+    _mm256_storeu_ps(out + r * out_row + 8, c[r][1]);
   }
 }
 
@@ -326,7 +307,8 @@ void causal_prefill_into(const at::Tensor& q, const at::Tensor& k, const at::Ten
         };
         for (int64_t r0 = 0; r0 < rows; r0 += MR)
           for (int64_t j0 = 0; j0 < tile_keys(r0); j0 += NR)
-            qk_tile<D>(qs.data() + r0 * D, ktb + (k0 + j0) * D, sc.data() + r0 * KB + j0);
+            tile_6x16<false>(qs.data() + r0 * D, D, ktb + (k0 + j0) * D, NR, D,
+                             sc.data() + r0 * KB + j0, KB);
         for (int64_t r = 0; r < rows; ++r) {
           float* s = sc.data() + r * KB;
           const int64_t seen = r < n ? std::min<int64_t>(kn, past + i0 + r + 1 - k0) : 0;
@@ -338,8 +320,8 @@ void causal_prefill_into(const at::Tensor& q, const at::Tensor& k, const at::Ten
         const float* vb = vp + kvh * vh + k0 * vs;
         for (int64_t r0 = 0; r0 < rows; r0 += MR)
           for (int d0 = 0; d0 < D; d0 += NR)
-            pv_tile(sc.data() + r0 * KB, vb + d0, vs, tile_keys(r0), acc.data() + r0 * D + d0,
-                    D);
+            tile_6x16<true>(sc.data() + r0 * KB, KB, vb + d0, vs, tile_keys(r0),
+                            acc.data() + r0 * D + d0, D);
       }
       for (int64_t r = 0; r < n; ++r) {
         float* o = op + ((i0 + r) * H + h) * D;
