@@ -7,9 +7,10 @@ Why: on this CPU llama.cpp's prefill of a 3,000-token prompt is no faster than H
 in bf16 (oneDNN's AVX512-BF16 GEMMs, attention as blocked GEMMs) prefills it at ~0.6x HF.
 llama.cpp decodes a single sequence ~6x faster than torch, so the pair keeps both.
 
-It prints, for one prompt per length: llama.cpp's own prefill, the torch prefill (fp32 and
-bf16), HF ``generate``'s first token, the hand-off's cost, and how many greedy tokens
-llama.cpp decodes from the handed-over KV equal to those it decodes from its own prefill.
+It prints, for one prompt per length: llama.cpp's own prefill, the torch prefill (fp32,
+and bf16 on a CPU with AVX512-BF16), HF ``generate``'s first token, the hand-off's cost,
+and how many greedy tokens llama.cpp decodes from the handed-over KV equal to those it
+decodes from its own prefill.
 
 The state is written by the runner's own ``TorchPrefill`` (the layout is described
 there), with llama.cpp's header taken from a one-token state it wrote.
@@ -130,6 +131,13 @@ def main(argv: list[str] | None = None) -> None:
              ("float32 blocked", "float32", BLOCKED),
              ("bfloat16 sdpa", "bfloat16", "sdpa"),
              ("bfloat16 blocked (the runner's)", "bfloat16", BLOCKED)]
+    import llama_cpp
+
+    from engine.runners.requantize import cpu_has_bf16_gemm
+
+    if not cpu_has_bf16_gemm(llama_cpp):  # bf16 runs 4-15x HF's time there: not the runner's
+        print("this CPU has no AVX512-BF16: the bfloat16 rows are left out")
+        kinds = [k for k in kinds if k[1] != "bfloat16"]
     prefills = {}
     for dt, engine in engines.items():
         prefills[dt] = TorchPrefill(engine.runner.model, threads,  # type: ignore[attr-defined]
