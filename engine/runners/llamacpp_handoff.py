@@ -245,6 +245,8 @@ def load_torch_prefill(source: Any, threads: int, rope_pairs: bool,
     from engine.loading.model_loader import load_model
     from engine.loading.rope_scaling import fix_rotary
     from engine.runners.blocked_attention import NAME, NATIVE_NAME
+    from engine.runners.torch.fused_linear import fuse_siblings
+    from engine.runners.torch.native_elementwise import fuse_elementwise
     from engine.runners.torch.packed_linear import can_pack, pack_linears
 
     cpu = torch.device("cpu")
@@ -253,7 +255,9 @@ def load_torch_prefill(source: Any, threads: int, rope_pairs: bool,
     if not hasattr(model, "model") or not hasattr(model, "lm_head"):
         raise ValueError(f"{type(model).__name__} has no .model / .lm_head")
     if can_pack(cpu, dtype):
+        fuse_siblings(model)  # one product for q/k/v and one for gate/up: same bits
         pack_linears(model)
+        fuse_elementwise(model)
     return TorchPrefill(model, threads, rope_pairs,
                         FLOAT32_MIN_TOKENS if dtype == torch.float32 else 0)
 

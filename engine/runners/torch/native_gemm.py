@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 SOURCES = (Path(__file__).with_name("native_gemm.cpp"),
            Path(__file__).with_name("native_attention.cpp"),
-           Path(__file__).with_name("native_decode.cpp"))
+           Path(__file__).with_name("native_decode.cpp"),
+           Path(__file__).with_name("native_elementwise.cpp"))
+HEADERS = (Path(__file__).with_name("native_simd.h"),)  # part of the library's key
 NATIVE_DIR_ENV = "GENSERVE_NATIVE_DIR"
 PANEL = 16  # output features per packed panel (native_gemm.cpp's NR)
 QUANT_BITS = (4, 8)  # the quantised panels' forms, tried in this order
@@ -47,7 +49,7 @@ def native_dir() -> Path:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES)
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS))
                          + torch.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
     return native_dir() / f"genserve_gemm-{key}.so"
 
