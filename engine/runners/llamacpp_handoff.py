@@ -206,7 +206,7 @@ class TorchPrefill:
         kinds = [(F16, row)] * (2 * len(layers))
         buf, parts = empty_state(self.header, kinds,
                                  np.arange(first, first + n, dtype=np.int32), self.streams)
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_threads(self.threads):  # copies on every core
             for i, layer in enumerate(layers):
                 k = layer.keys[0, :, first:].transpose(0, 1)  # [n, kv heads, head dim]
                 d = k.shape[-1]
