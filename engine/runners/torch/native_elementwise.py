@@ -1,21 +1,27 @@
-"""RMSNorm and the MLP's SiLU(gate) x up as one native pass each (native_elementwise.cpp),
-for the llama.cpp runner's float32 torch prefill (llamacpp_handoff.load_torch_prefill).
+"""RMSNorm, the MLP's SiLU(gate) x up and the attention's rotary embedding as one native
+pass each (native_elementwise.cpp), for the llama.cpp runner's float32 torch prefill
+(llamacpp_handoff.load_torch_prefill).
 
-Why: transformers runs a float32 RMSNorm as five ops and the MLP's activation as two
-(silu, then a multiply of two column slices of the fused gate/up product), each a pass
-over the chunk into a fresh tensor. On a 2-core AVX2 EPYC (torch profiler, 1,024-token
-prompt in 512-token chunks) the multiply alone took ~0.14 s, silu ~0.04 s and the norms
-~0.06 s of a 2.5 s prefill whose linears and attention were already native.
+Why: transformers runs a float32 RMSNorm as five ops, the MLP's activation as two (silu,
+then a multiply of two column slices of the fused gate/up product) and the rotary
+embedding as ~8 (q then copied into the attention kernel's layout), each a pass over the
+chunk into a fresh tensor. On a 2-core AVX2 EPYC (cProfile, 1,024-token prompt in
+512-token chunks) the multiply alone took ~0.14 s, silu ~0.04 s, the norms ~0.06 s and
+the rotary embedding with q's copy ~0.13 s of a 2.5 s prefill whose linears and attention
+were already native.
 
-Taken only for transformers' own Llama, Mistral and Qwen2 RMSNorm modules and MLPs whose
-gate and up are fused (fused_linear.py) with SiLU, on float32 CPU tensors with the native
-library loaded; anything else (another family's norm, such as Gemma's 1 + weight, an
-adapter, bf16, CUDA) runs the module's own forward.
+Taken only for transformers' own Llama, Mistral and Qwen2 modules: RMSNorms; MLPs whose
+gate and up are fused (fused_linear.py) with SiLU; attentions whose q, k and v are fused,
+with no sliding window, head sizes a multiple of 16 and the rotary embedding over the
+whole head; on float32 CPU tensors of one sequence with the native library loaded.
+Anything else (another family's norm, such as Gemma's 1 + weight, an adapter, bf16, CUDA)
+runs the module's own forward.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 FAMILIES = ("llama", "mistral", "qwen2")
 _NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 _MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP"}
+_ATTENTIONS = {"LlamaAttention", "MistralAttention", "Qwen2Attention"}
 
 
 def _transformers_class(mod: nn.Module, names: set[str]) -> bool:
@@ -68,6 +75,51 @@ def _mlp_fused_layer(mod: Any) -> nn.Linear | None:
     return None
 
 
+def _attention_forward(mod: Any, original: Any, fused: nn.Linear, heads: int, kv_heads: int,
+                       hidden_states: torch.Tensor,
+                       position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       attention_mask: torch.Tensor | None = None, cache: Any = None,
+                       **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """transformers' attention forward (q, k, v projected, rotated, cached, attended, o
+    projected) with the projection split, q and k rotated and all three laid out as
+    [1, heads, T, d] in one native pass."""
+    cos, sin = position_embeddings if position_embeddings is not None else (None, None)
+    if (cos is None or sin is None or hidden_states.dim() != 3 or hidden_states.shape[0] != 1
+            or not all(_native(t) for t in (hidden_states, cos, sin))
+            or cos.shape[-1] != mod.head_dim):
+        return original(hidden_states, position_embeddings=position_embeddings,
+                        attention_mask=attention_mask, cache=cache, **kwargs)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    eager = sys.modules[type(mod).__module__].eager_attention_forward
+    q, k, v = torch.ops.genserve_elementwise.rope_split(fused(hidden_states), cos, sin, heads,
+                                                        kv_heads)
+    if cache is not None:
+        k, v = cache.update(k, v, mod.layer_idx, kwargs=kwargs)
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(mod.config._attn_implementation, eager)
+    out, weights = attention(mod, q, k, v, attention_mask, dropout=0.0, scaling=mod.scaling,
+                             **kwargs)
+    return mod.o_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous()), weights
+
+
+def _attention_fused_layer(mod: Any) -> tuple[nn.Linear, int, int] | None:
+    """The attention's fused q/k/v layer and its head counts, where the route applies."""
+    config = mod.config
+    if getattr(mod, "sliding_window", None) or (  # Mistral's window is its config's
+            type(mod).__name__ == "MistralAttention" and getattr(config, "sliding_window", None)):
+        return None
+    if mod.head_dim % 16 or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        return None
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    sizes = [heads * mod.head_dim, kv_heads * mod.head_dim, kv_heads * mod.head_dim]
+    for group in fused_groups(mod):
+        if group.members == [mod.q_proj, mod.k_proj, mod.v_proj] and group.offsets == [
+                0, sizes[0], sizes[0] + sizes[1]] and [
+                m.out_features for m in group.members] == sizes:
+            return group.linear, heads, kv_heads
+    return None
+
+
 def fuse_elementwise(model: nn.Module) -> int:
     """Route ``model``'s eligible RMSNorms and MLPs through the native passes (their
     weights float32 on the CPU); returns how many modules. Call after the siblings are
@@ -86,14 +138,19 @@ def fuse_elementwise(model: nn.Module) -> int:
             if fused is not None:
                 mod.forward = _bind(_mlp_forward, mod, fused)
                 count += 1
-    log.info("native RMSNorm and SiLU x up for %d modules", count)
+        elif _transformers_class(mod, _ATTENTIONS):
+            found = _attention_fused_layer(mod)
+            if found is not None:
+                mod.forward = _bind(_attention_forward, mod, *found)
+                count += 1
+    log.info("native RMSNorm, SiLU x up and rotary embedding for %d modules", count)
     return count
 
 
 def _bind(fn: Any, mod: nn.Module, *extra: Any) -> Any:
     original = mod.forward
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return fn(mod, original, *extra, x)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return fn(mod, original, *extra, *args, **kwargs)
 
     return forward
