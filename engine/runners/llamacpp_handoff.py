@@ -15,7 +15,9 @@ AVX512-BF16 (a 2-core AVX2 AMD EPYC, 2026-11-28) bf16 torch is 4-15x slower than
 float32 torch (oneDNN-packed linears, SDPA) prefilled 1,024 tokens in 2.87 s and 3,000 in
 10.98 s where llama.cpp's own prefill (Q8_0) took 3.5-5.2 s and 17.0 s (HF 2.5-3.8 s and
 10.7 s); there a float32 copy takes prompts of ``FLOAT32_MIN_TOKENS`` or more (its linears
-now the native kernel's, its attention SDPA split at the chunk's past: ``load_torch_prefill``).
+now the native kernel's, its attention and elementwise ops native too:
+``load_torch_prefill``; since 2026-12-07 from 128 tokens, where it prefills in ~0.75x
+llama.cpp's time).
 
 How: the prompt still arrives in the scheduler's chunks (so short requests keep being
 admitted beside it); each chunk runs through the torch model with the sequence's HF cache;
@@ -81,11 +83,14 @@ PROBE_MAX_KL = 0.05
 TAIL_ROW_CONTEXT = 20_000
 MIN_TAIL = 8
 # A float32 copy (a CPU without AVX512-BF16) takes prompts and uncached tails of at least
-# this many tokens (or --torch-prefill-tokens if higher). Measured on a 2-core AVX2 EPYC
-# (2026-11-28, same process, 2 rounds): torch float32 then llama.cpp (Q8_0) 128 tokens
-# 1.02-1.06x, 256 0.82-0.98x, 512 0.85-0.86x, 1,024 0.80-0.86x, 3,000 ~0.65x; only from
-# ~1,000 tokens is the gain clear of this machine's run-to-run spread.
-FLOAT32_MIN_TOKENS = 1024
+# this many tokens (or --torch-prefill-tokens if higher; the shorter-tail-over-long-context
+# rule above was measured for bf16 only). Measured on a 2-core AVX2 EPYC, first token in
+# one engine, the copy on and off alternating, 4 rounds (2026-12-07, its elementwise ops
+# native and its last layer cut to the sampled rows): torch float32 then llama.cpp against
+# llama.cpp's own Q8_0 prefill, 64 tokens 1.09x, 96 1.00x, 128 0.76-0.77x, 256 0.75x, 384
+# 0.64x, 512 0.71x, 768 0.65x. (2026-11-28, before those: 128 1.02-1.06x, 256 0.82-0.98x,
+# 1,024 0.80-0.86x, so it was 1,024 then.)
+FLOAT32_MIN_TOKENS = 128
 # converting a .gguf to float32: its peak over the imports, measured for the default model
 # (800 MiB for 134.5M parameters: 6.2 bytes a parameter), with a margin
 CONVERT_BYTES_PER_PARAM = 8

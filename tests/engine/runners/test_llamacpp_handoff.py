@@ -114,18 +114,24 @@ def test_a_mid_length_prompt_takes_the_torch_prefill_by_default(engine, own, han
 
 def test_a_float32_copy_takes_only_prompts_from_float32_min_tokens(engine, own, long_ids,
                                                                    handovers, monkeypatch):
-    """Without AVX512-BF16 the copy is float32, and it pays only from ~1,000 tokens
-    (llamacpp_handoff.FLOAT32_MIN_TOKENS); shorter prompts and tails stay llama.cpp's."""
+    """Without AVX512-BF16 the copy is float32, and it pays from ~100 tokens
+    (llamacpp_handoff.FLOAT32_MIN_TOKENS, 128); shorter prompts and tails stay llama.cpp's,
+    and with no shorter-tail-over-long-context rule (measured for bf16 only)."""
     from engine.loading.model_loader import resolve_model
 
-    assert llamacpp_handoff.FLOAT32_MIN_TOKENS == 1024
+    assert llamacpp_handoff.FLOAT32_MIN_TOKENS == 128
     prefill = llamacpp_handoff.load_torch_prefill(resolve_model("default"), 2, True, 2048,
                                                   torch.float32)
-    assert prefill.min_tokens == 1024 and next(prefill.model.parameters()).dtype == \
+    assert prefill.min_tokens == 128 and next(prefill.model.parameters()).dtype == \
         torch.float32
     monkeypatch.setattr(engine.runner.handoff, "min_tokens", prefill.min_tokens)
+    short = prompt_of(engine.tokenizer, 100, "Bees carry pollen from flower to flower. ")
+    got = run_to_completion(engine, {0: [("r", short, greedy())]})["r"][0].token_ids
+    assert handovers == []  # 100 tokens: llama.cpp's own prefill
+    ref = run_to_completion(own, {0: [("r", short, greedy())]})["r"][0].token_ids
+    assert got == ref
     got = run_to_completion(engine, {0: [("r", long_ids, greedy())]})["r"][0].token_ids
-    assert handovers == []  # 600 tokens: llama.cpp's own prefill
+    assert len(handovers) == 1  # 600 tokens: handed over
     ref = run_to_completion(own, {0: [("r", long_ids, greedy())]})["r"][0].token_ids
     assert got == ref
 
