@@ -9,32 +9,17 @@ import copy
 
 import pytest
 import torch
-import transformers
 from transformers import DynamicCache
 
 from engine.runners.prefill_rows import keep_last_rows
 from engine.runners.torch import native_gemm
-from engine.runners.torch.fused_linear import fuse_siblings
 from engine.runners.torch.native_elementwise import fuse_elementwise
-from engine.runners.torch.packed_linear import pack_linears
+from tests.engine.runners.test_native_elementwise import prepared, tiny
 
 
-def tiny(config_cls: str, **extra) -> torch.nn.Module:
-    if config_cls == "MistralConfig":
-        extra.setdefault("sliding_window", None)
-    config = getattr(transformers, config_cls)(
-        vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        initializer_range=0.2, **extra)
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-
-
-def prepared(model: torch.nn.Module) -> torch.nn.Module:
+def as_copy(model: torch.nn.Module) -> torch.nn.Module:
     """As the hand-off's float32 copy: fused, packed, its elementwise ops native."""
-    fuse_siblings(model)
-    pack_linears(model)
-    fuse_elementwise(model)
+    fuse_elementwise(prepared(model))
     return model
 
 
@@ -59,7 +44,7 @@ def run(model, kept, rows, chunks):
 @pytest.mark.parametrize("config_cls", ["LlamaConfig", "MistralConfig", "Qwen2Config"])
 @pytest.mark.parametrize("rows", [1, 3, 0])
 def test_kept_rows_are_the_full_layers_bit_for_bit_and_the_cache_the_same(config_cls, rows):
-    full, cut = prepared(tiny(config_cls)), prepared(tiny(config_cls))  # the same weights
+    full, cut = as_copy(tiny(config_cls)), as_copy(tiny(config_cls))  # the same weights
     kept = keep_last_rows(cut)
     assert kept is not None
     chunks = [torch.arange(3, 40)[None], torch.arange(50, 71)[None]]
