@@ -65,8 +65,9 @@ class EngineConfig:
     # docs/operations.md).
     stream_interval: int = 1
     # llama.cpp runner: prompts of at least this many tokens (to prefill from scratch) are
-    # prefilled by the torch model in bf16 and their KV handed to llama.cpp, on a CPU with
-    # AVX512-BF16 (engine/runners/llamacpp_handoff.py); 0 = llama.cpp prefills everything.
+    # prefilled by the torch model in bf16 (float32 on a CPU without AVX512-BF16, from
+    # llamacpp_handoff.FLOAT32_MIN_TOKENS) and their KV handed to llama.cpp
+    # (engine/runners/llamacpp_handoff.py); 0 = llama.cpp prefills everything.
     # 128: torch was the faster prefill from there up (2026-11-27, default model, two
     # servers alternating: first token at 128 / 256 / 384 / 511 tokens 0.155 / 0.286 /
     # 0.501 / 0.694 s against 0.190 / 0.366 / 0.559 / 0.773 s with 512; 16 clients of

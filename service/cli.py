@@ -136,8 +136,9 @@ _ENGINE_FLAGS: Flags = (  # EngineConfig
      "batch 1; none = the file as is"),
     ("--torch-prefill-tokens", "torch_prefill_tokens", non_negative_int,
      "llama.cpp runner: prompts of at least this many tokens are prefilled by the torch "
-     "model in bf16 and their KV handed to llama.cpp (CPUs with AVX512-BF16; checked at "
-     "start, off with the reason logged where it cannot be used); 0 = off (default 128)"),
+     "model in bf16 (float32 on CPUs without AVX512-BF16) and their KV handed to "
+     "llama.cpp (checked at start, off with the reason logged where it cannot be used); "
+     "0 = off (default 128)"),
     ("--enforce-eager", "enforce_eager", bool,
      "run every step eagerly: no compiled decode step (torch.compile on CPU, built in the "
      "background while serving; CUDA graphs on CUDA, captured before SERVING)"),

@@ -121,9 +121,9 @@ def _attention_fused_layer(mod: Any) -> tuple[nn.Linear, int, int] | None:
 
 
 def fuse_elementwise(model: nn.Module) -> int:
-    """Route ``model``'s eligible RMSNorms and MLPs through the native passes (their
-    weights float32 on the CPU); returns how many modules. Call after the siblings are
-    fused and packed."""
+    """Route ``model``'s eligible RMSNorms, MLPs and attentions through the native passes
+    (their weights float32 on the CPU); returns how many modules. Call after the siblings
+    are fused and packed."""
     if not native_gemm.available():
         return 0
     count = 0
