@@ -112,8 +112,8 @@ def test_a_mid_length_prompt_takes_the_torch_prefill_by_default(engine, own, han
     assert engine.scheduler.allocator.num_used == 0
 
 
-def test_a_float32_copy_takes_only_prompts_from_float32_min_tokens(engine, own, long_ids,
-                                                                   handovers, monkeypatch):
+def test_a_float32_copy_takes_only_prompts_from_float32_min_tokens(engine, own, handovers,
+                                                                   monkeypatch):
     """Without AVX512-BF16 the copy is float32, and it pays from ~100 tokens
     (llamacpp_handoff.FLOAT32_MIN_TOKENS, 128); shorter prompts and tails stay llama.cpp's,
     and with no shorter-tail-over-long-context rule (measured for bf16 only)."""
@@ -130,9 +130,11 @@ def test_a_float32_copy_takes_only_prompts_from_float32_min_tokens(engine, own, 
     assert handovers == []  # 100 tokens: llama.cpp's own prefill
     ref = run_to_completion(own, {0: [("r", short, greedy())]})["r"][0].token_ids
     assert got == ref
-    got = run_to_completion(engine, {0: [("r", long_ids, greedy())]})["r"][0].token_ids
+    # a prompt no other test ran (a cached one would hit the prefix cache, not prefill)
+    long = prompt_of(engine.tokenizer, LONG, "Wolves roam the northern forests in winter. ")
+    got = run_to_completion(engine, {0: [("r", long, greedy())]})["r"][0].token_ids
     assert len(handovers) == 1  # 600 tokens: handed over
-    ref = run_to_completion(own, {0: [("r", long_ids, greedy())]})["r"][0].token_ids
+    ref = run_to_completion(own, {0: [("r", long, greedy())]})["r"][0].token_ids
     assert got == ref
 
 
