@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-_LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
+from engine.runners.llama_family import is_family_module
 
 
 @dataclass
@@ -38,8 +38,7 @@ def keep_last_rows(model: nn.Module) -> KeptRows | None:
     if not isinstance(layers, nn.ModuleList) or not len(layers):
         return None
     last: Any = layers[-1]
-    cls = type(last)
-    if cls.__name__ not in _LAYERS or not cls.__module__.startswith("transformers.models."):
+    if not is_family_module(last, "DecoderLayer"):
         return None
     kept = KeptRows()
     original = last.forward

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.runners.llama_family import FAMILIES, is_family_module
 from engine.runners.torch import packed_linear
 from engine.runners.torch.attention import native_decode_usable
 from engine.runners.torch.decode_inputs import DecodeInputs
@@ -35,13 +36,9 @@ log = logging.getLogger(__name__)
 
 NATIVE_DECODE_ENV = "GENSERVE_NATIVE_DECODE"
 
-# model_type -> the decoder layer class transformers uses for it; the window each family
-# gives its attention (the value its attention forward passes as ``sliding_window``)
-_LAYER_CLASSES = {"llama": "LlamaDecoderLayer", "mistral": "MistralDecoderLayer",
-                  "qwen2": "Qwen2DecoderLayer"}
-
-
 def _window(model_type: str, config: Any, attn: nn.Module) -> int:
+    """The window the family gives its attention (what its forward passes as
+    ``sliding_window``)."""
     if model_type == "mistral":
         return int(getattr(config, "sliding_window", None) or 0)
     if model_type == "qwen2":
@@ -109,7 +106,7 @@ class NativeDecodeStep:
             raise Unsupported(f"{NATIVE_DECODE_ENV}=0")
         config = model.config
         model_type = getattr(config, "model_type", "")
-        if model_type not in _LAYER_CLASSES:
+        if model_type not in FAMILIES:
             raise Unsupported(f"model type {model_type!r}")
         if getattr(config, "hidden_act", None) != "silu":
             raise Unsupported(f"activation {getattr(config, 'hidden_act', None)!r}")
@@ -130,8 +127,9 @@ class NativeDecodeStep:
         eps: set[float] = set()
         scales: set[float] = set()
         for i, layer in enumerate(base.layers):
-            if type(layer).__name__ != _LAYER_CLASSES[model_type]:
-                raise Unsupported(f"layer {i} is a {type(layer).__name__}")
+            if not is_family_module(layer, "DecoderLayer", model_type):
+                raise Unsupported(f"layer {i} is a {type(layer).__module__}."
+                                  f"{type(layer).__name__}")
             attn, mlp = layer.self_attn, layer.mlp
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if any(not type(n).__name__.endswith("RMSNorm") for n in norms):

@@ -27,22 +27,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.runners.llama_family import is_family_module
 from engine.runners.torch import native_gemm
 from engine.runners.torch.fused_linear import fused_groups
 
 log = logging.getLogger(__name__)
-
-FAMILIES = ("llama", "mistral", "qwen2")
-_NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
-_MLPS = {"LlamaMLP", "MistralMLP", "Qwen2MLP"}
-_ATTENTIONS = {"LlamaAttention", "MistralAttention", "Qwen2Attention"}
-
-
-def _transformers_class(mod: nn.Module, names: set[str]) -> bool:
-    cls = type(mod)
-    return cls.__name__ in names and cls.__module__.startswith(
-        tuple(f"transformers.models.{f}." for f in FAMILIES))
-
 
 def _native(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
@@ -128,17 +117,17 @@ def fuse_elementwise(model: nn.Module) -> int:
         return 0
     count = 0
     for mod in model.modules():
-        if _transformers_class(mod, _NORMS):
+        if is_family_module(mod, "RMSNorm"):
             weight = mod.weight
             if isinstance(weight, torch.Tensor) and _native(weight) and weight.dim() == 1:
                 mod.forward = _bind(_norm_forward, mod)
                 count += 1
-        elif _transformers_class(mod, _MLPS):
+        elif is_family_module(mod, "MLP"):
             fused = _mlp_fused_layer(mod)
             if fused is not None:
                 mod.forward = _bind(_mlp_forward, mod, fused)
                 count += 1
-        elif _transformers_class(mod, _ATTENTIONS):
+        elif is_family_module(mod, "Attention"):
             found = _attention_fused_layer(mod)
             if found is not None:
                 mod.forward = _bind(_attention_forward, mod, *found)
