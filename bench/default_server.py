@@ -69,6 +69,9 @@ from service.server import PRESTART_IDLE_S
 # 384: a mid-length prompt (a chat's history, a short document), where llama.cpp's own
 # prefill read 0.84x HF before such prompts went to the torch prefill too.
 LONG_PROMPTS = (1024, 3000, 384)
+# first-token rounds a length (paired, alternating): 3 left a 1,024-token row moving
+# 0.89-1.05x between runs on this shared 2-core machine
+TTFT_ROUNDS = 5
 # A second llama.cpp server for the 32-client row with one unified KV cache (the default
 # before 2026-11-28, and still a big model's), where the default model gets a stream each.
 UNIFIED_FLAGS = ("--no-kv-streams",)
@@ -219,7 +222,7 @@ def measure(model: str = "default", new: int = 64, quick: bool = False,
         ttft: dict[int, dict[str, list[float]]] = {}
         for n in LONG_PROMPTS[:1] if quick else LONG_PROMPTS:
             got: dict[str, list[float]] = {"grpc": [], "hf": []}
-            for r in range(1 if quick else 3):
+            for r in range(1 if quick else TTFT_ROUNDS):
                 ids = long_prompt(tok, n, next(tags))
                 order = ("grpc", "hf") if r % 2 == 0 else ("hf", "grpc")
                 for name in order:
