@@ -226,7 +226,7 @@ inline void softmax_block(float* sc, const int64_t* seen, int64_t rows, int64_t 
     corr[r] = m[r] == NEG_INF ? -126.f : m[r] - top;  // a first block: nothing to correct
     m[r] = top;
   }
-  for (int64_t r = 0; r < rows; r += 8)  // rows <= QB, a multiple of 8
+  for (int64_t r = 0; r < rows; r += 8)  // the last eight stay within corr: rows <= QB
     _mm256_storeu_ps(corr + r, exp2_256(_mm256_loadu_ps(corr + r)));
   for (int64_t r = 0; r < rows; ++r) {
     if (seen[r] <= 0) continue;
